@@ -1,0 +1,101 @@
+"""Shared fixtures: the real SmolLM2, a tiny random Llama with the real tokenizer,
+and a real S3 HTTP endpoint (moto server on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """The bundled SmolLM2-135M-Instruct, converted once into the cache."""
+    from eagle3 import target
+
+    return target.resolve_model(target.SMOLLM2_ALIAS)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, smollm2_dir) -> str:
+    """A random 8-layer, 64-wide Llama with SmolLM2's tokenizer and chat template."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
+    for name in os.listdir(smollm2_dir):
+        if name.startswith("tokenizer") or name in ("chat_template.jinja", "special_tokens_map.json"):
+            shutil.copy(Path(smollm2_dir, name), out / name)
+    return str(out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real S3 HTTP endpoint: moto_server as a subprocess on 127.0.0.1."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        "EAGLE3_S3_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    from eagle3 import storage
+
+    storage.reset_client()
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("moto server did not start")
+            time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    storage.reset_client()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint) -> str:
+    """A fresh bucket on the moto endpoint; returns its s3:// URI."""
+    from eagle3 import storage
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    storage._client().create_bucket(Bucket=name)
+    return f"s3://{name}"
