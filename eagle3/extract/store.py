@@ -1,0 +1,291 @@
+"""The hidden-state store: packed safetensors shards of target features, local or s3://.
+
+Layout (docs/CONTRACTS.md "Hidden-state store")::
+
+    STORE/<model_fp>-L<a>_<b>_<c>-<storage>/
+        store.json                      model fingerprint/name, layers, hidden/vocab size, option, bytes/token
+        shard-<task>-<seq>.safetensors  packed samples (no padding), written atomically
+        index-<task>.json               {shard: {sha256, samples, tokens, sample_ids, sample_tokens}}
+        adapt-<task>.json               (only after an OOM) the token budget the next run uses
+
+Shard tensors: ``input_ids`` int32 [T], ``loss_mask`` uint8 [T], ``offsets``
+int64 [n+1] (sample i is rows offsets[i]:offsets[i+1]) and the per-token
+tensors of the storage option (see :mod:`eagle3.extract.codec`: ``aux`` +
+``last`` for ``bf16``; fp8 ``aux``/``aux_scale`` + ``last``/``last_scale`` for
+``fp8``; fp8 ``aux``/``aux_scale`` + ``topk_ids``/``topk_logprobs`` for
+``fp8-topk``). Metadata: ``sample_ids`` (JSON list), ``storage``.
+
+Trainer usage — the same code for every option::
+
+    from eagle3.extract.store import HiddenStateStore, target_logprobs
+    store = HiddenStateStore("STORE")          # the key folder, or a root holding exactly one
+    for sid in store.sample_ids():
+        s = store.get(sid)       # {"aux" float [T,3H], "input_ids" int32 [T], "loss_mask" uint8 [T],
+                                 #  and "last" [T,H] or "topk_ids"/"topk_logprobs" [T,K]}
+        logp = target_logprobs(s, lm_head_weight)   # [T, V] fp32; row t predicts token t+1
+
+``aux`` is bf16 for the ``bf16`` option (memory-mapped) and fp32 for the fp8
+options (dequantized); call ``.float()`` either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from eagle3 import storage as st
+from eagle3.errors import InputError
+from eagle3.extract.codec import OPTIONS, TOPK, bytes_per_token, check_option, decode, target_logprobs
+
+__all__ = ["HiddenStateStore", "StoreWriter", "store_key", "target_logprobs", "FORMAT"]
+
+FORMAT = "eagle3-hidden-states/1"
+_PER_SAMPLE = ("input_ids", "loss_mask", "offsets")
+
+
+def store_key(model_fp: str, layers: list[int], storage: str) -> str:
+    """Folder name of one store: model fingerprint, aux layer ids and storage option."""
+    return f"{model_fp}-L{'_'.join(str(i) for i in layers)}-{check_option(storage)}"
+
+
+class StoreWriter:
+    """Writes shards and the per-task index of one store folder.
+
+    One writer per extraction task; ``task`` names its files (e.g. ``0of4``), so
+    N tasks can write into the same folder at once without sharing a file.
+    """
+
+    def __init__(self, root: str, *, model_fp: str, model_name: str, layers: list[int], hidden_size: int,
+                 vocab_size: int, storage: str, task: str):
+        self.uri = st.join(root, store_key(model_fp, layers, storage))
+        self.task = task
+        self.storage = storage
+        self.info = {
+            "format": FORMAT, "model_fingerprint": model_fp, "model_name": model_name,
+            "layers": list(layers), "hidden_size": hidden_size, "vocab_size": vocab_size, "storage": storage,
+            "topk": TOPK if OPTIONS[storage] == "topk" else None,
+            "bytes_per_token": bytes_per_token(storage, hidden_size),
+        }
+        self._index: dict | None = None
+
+    def open(self) -> "StoreWriter":
+        """Create store.json, or check that the existing one describes the same store."""
+        path = st.join(self.uri, "store.json")
+        if st.exists(path):
+            old = st.read_json(path)
+            keys = ("format", "model_fingerprint", "layers", "hidden_size", "vocab_size", "storage")
+            diff = {k: (old.get(k), self.info[k]) for k in keys if old.get(k) != self.info[k]}
+            if diff:
+                raise InputError(f"{path} describes another store: {diff} (stored, wanted); "
+                                 "use another --out or remove that folder")
+        else:
+            st.write_json(path, self.info)
+        return self
+
+    def index(self) -> dict:
+        if self._index is None:
+            path = st.join(self.uri, f"index-{self.task}.json")
+            self._index = st.read_json(path) if st.exists(path) else {}
+        return self._index
+
+    def done_ids(self) -> set[str]:
+        """Sample ids already stored by ANY task of this store (never extracted again)."""
+        return set(_read_indexes(self.uri)[1])
+
+    def next_seq(self) -> int:
+        return len(self.index())
+
+    def adapt_path(self) -> str:
+        return st.join(self.uri, f"adapt-{self.task}.json")
+
+    def write_shard(self, samples: list[dict]) -> dict:
+        """Write one shard atomically, then record it in the task index.
+
+        samples: dicts with ``id``, ``input_ids``, ``loss_mask`` (1-D tensors of
+        length T_i) and ``tensors`` (per-token tensors [T_i, ...] from
+        :func:`eagle3.extract.codec.encode`). Returns the index entry.
+        """
+        import torch
+
+        if not samples:
+            raise ValueError("write_shard needs at least one sample")
+        names = sorted(samples[0]["tensors"])
+        lengths = [int(s["input_ids"].numel()) for s in samples]
+        offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+        offsets[1:] = torch.tensor(lengths).cumsum(0)
+        tensors = {
+            "input_ids": torch.cat([s["input_ids"].to(torch.int32).cpu() for s in samples]),
+            "loss_mask": torch.cat([s["loss_mask"].to(torch.uint8).cpu() for s in samples]),
+            "offsets": offsets,
+        }
+        for name in names:
+            tensors[name] = torch.cat([s["tensors"][name] for s in samples]).contiguous()
+        ids = [s["id"] for s in samples]
+        meta = {"sample_ids": json.dumps(ids), "storage": self.storage, "format": FORMAT}
+        name = f"shard-{self.task}-{self.next_seq():05d}.safetensors"
+        digest = _atomic_save(self.uri, name, lambda p: save_safetensors(tensors, p, meta))
+        entry = {"sha256": digest, "samples": len(ids), "tokens": int(offsets[-1]),
+                 "sample_ids": ids, "sample_tokens": lengths}
+        self.index()[name] = entry
+        st.write_json(st.join(self.uri, f"index-{self.task}.json"), self.index())
+        return entry
+
+
+_DTYPES = {  # torch dtype name -> safetensors dtype tag
+    "bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64", "int64": "I64",
+    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+}
+
+
+def save_safetensors(tensors: dict, path: str, metadata: dict[str, str]) -> None:
+    """Write a safetensors file with a byte-for-byte deterministic header.
+
+    safetensors' own writer emits ``__metadata__`` in hash-map order, which
+    changes between processes; resumed extraction must reproduce the exact
+    bytes of an uninterrupted run, so the header is written here with sorted
+    keys. Tensors go widest dtype first, so every tensor stays aligned.
+    """
+    import torch
+
+    order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
+    header: dict = {"__metadata__": dict(sorted(metadata.items()))}
+    start = 0
+    for k in order:
+        t = tensors[k]
+        n = t.numel() * t.element_size()
+        header[k] = {"dtype": _DTYPES[str(t.dtype).removeprefix("torch.")], "shape": list(t.shape),
+                     "data_offsets": [start, start + n]}
+        start += n
+    raw = json.dumps(header, separators=(",", ":"), sort_keys=False).encode()
+    raw += b" " * (-len(raw) % 8)  # data must start 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for k in order:
+            t = tensors[k].detach().cpu().contiguous()
+            if t.numel():
+                f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def _atomic_save(dir_uri: str, name: str, save) -> str:
+    """Run ``save(local_path)`` and publish the file at dir_uri/name atomically; return its sha256."""
+    if not st.is_s3(dir_uri):
+        Path(dir_uri).mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=dir_uri)
+        os.close(fd)
+        try:
+            save(tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            digest = st.sha256_file(tmp)
+            os.replace(tmp, os.path.join(dir_uri, name))
+            return digest
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    with tempfile.TemporaryDirectory(prefix="eagle3-shard-") as tmp:
+        path = os.path.join(tmp, name)
+        save(path)
+        return st.put_file(path, st.join(dir_uri, name))  # multipart above MULTIPART_THRESHOLD
+
+
+def _read_indexes(uri: str) -> tuple[dict, dict]:
+    """All index-*.json of a store -> ({shard: entry}, {sample_id: (shard, position)}).
+
+    Tasks are read in name order, so a sample stored twice resolves the same way every time.
+    """
+    shards, where = {}, {}
+    for name in st.list_files(uri):
+        if "/" in name or not (name.startswith("index-") and name.endswith(".json")):
+            continue
+        for shard, entry in sorted(st.read_json(st.join(uri, name)).items()):
+            shards[shard] = entry
+            for i, sid in enumerate(entry["sample_ids"]):
+                where.setdefault(sid, (shard, i))
+    return shards, where
+
+
+def resolve_store_dir(uri: str) -> str:
+    """A store key folder, given itself or a root that holds exactly one."""
+    if st.exists(st.join(uri, "store.json")):
+        return uri
+    keys = sorted({n.rsplit("/", 1)[0] for n in st.list_files(uri) if n.count("/") == 1 and n.endswith("/store.json")})
+    if len(keys) == 1:
+        return st.join(uri, keys[0])
+    if not keys:
+        raise InputError(f"no hidden-state store at {uri}: expected store.json there or in one subfolder; "
+                         "run `eagle3 extract --out` first")
+    raise InputError(f"{uri} holds several stores ({', '.join(keys)}); pass one of those folders")
+
+
+class HiddenStateStore:
+    """Read-only, memory-mapped access to a store (local or s3://; s3 shards are cached locally)."""
+
+    def __init__(self, uri: str):
+        self.uri = resolve_store_dir(str(uri))
+        self.info = st.read_json(st.join(self.uri, "store.json"))
+        self.storage = self.info["storage"]
+        self.layers = self.info["layers"]
+        self.hidden_size = self.info["hidden_size"]
+        self.shards, self._where = _read_indexes(self.uri)
+        self._open: dict = {}
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, sample_id: str) -> bool:
+        return sample_id in self._where
+
+    def sample_ids(self) -> list[str]:
+        """All stored sample ids, in store order (index name, shard name, position)."""
+        return list(self._where)
+
+    def num_tokens(self, sample_id: str) -> int:
+        shard, i = self._locate(sample_id)
+        return int(self.shards[shard]["sample_tokens"][i])
+
+    def total_tokens(self) -> int:
+        return sum(int(e["tokens"]) for e in self.shards.values())
+
+    def _locate(self, sample_id: str) -> tuple[str, int]:
+        try:
+            return self._where[sample_id]
+        except KeyError:
+            raise KeyError(f"sample {sample_id!r} is not in the store {self.uri}") from None
+
+    def _handle(self, shard: str):
+        if shard not in self._open:
+            from safetensors import safe_open
+
+            f = safe_open(st.local_path(st.join(self.uri, shard)), framework="pt")
+            self._open[shard] = (f, f.get_tensor("offsets").tolist())
+        return self._open[shard]
+
+    def get_raw(self, sample_id: str) -> dict:
+        """The stored tensors of one sample, undecoded (memory-mapped slices)."""
+        shard, i = self._locate(sample_id)
+        f, offsets = self._handle(shard)
+        a, b = offsets[i], offsets[i + 1]
+        return {k: f.get_slice(k)[a:b] for k in f.keys() if k != "offsets"}
+
+    def get(self, sample_id: str) -> dict:
+        """One sample: ``aux``, ``input_ids``, ``loss_mask`` and ``last`` or ``topk_ids``/``topk_logprobs``."""
+        raw = self.get_raw(sample_id)
+        out = decode(self.storage, raw)
+        out.update(input_ids=raw["input_ids"], loss_mask=raw["loss_mask"])
+        return out
+
+    def verify(self) -> list[str]:
+        """Check every shard's sha256 against the index; returns the problems (empty when all match)."""
+        problems = []
+        for shard, entry in self.shards.items():
+            uri = st.join(self.uri, shard)
+            if not st.exists(uri):
+                problems.append(f"{uri}: missing (listed in an index)")
+            elif (digest := st.sha256_file(st.local_path(uri))) != entry["sha256"]:
+                problems.append(f"{uri}: sha256 {digest} != index {entry['sha256']}")
+        return problems

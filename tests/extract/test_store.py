@@ -1,0 +1,160 @@
+"""The hidden-state store: writer, reader, storage options, checksums, S3."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from eagle3.errors import InputError
+from eagle3.extract.codec import bytes_per_token, encode
+from eagle3.extract.store import HiddenStateStore, StoreWriter, store_key, target_logprobs
+
+H, V = 16, 50
+
+
+def _samples(storage, lengths, seed=0, lm_head=None):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, n in enumerate(lengths):
+        aux = torch.randn(n, 3 * H, generator=g) * (1 + torch.arange(3).repeat_interleave(H))  # layer scales differ
+        last = torch.randn(n, H, generator=g)
+        out.append({
+            "id": f"s{seed}-{i}", "input_ids": torch.randint(0, V, (n,), generator=g),
+            "loss_mask": (torch.rand(n, generator=g) > 0.5).to(torch.uint8),
+            "tensors": encode(storage, aux, last, lm_head=lm_head), "_aux": aux, "_last": last,
+        })
+    return out
+
+
+def _writer(root, storage="bf16", task="0of1", **kw):
+    args = dict(model_fp="fp0123", model_name="tiny", layers=[1, 3, 4], hidden_size=H, vocab_size=V,
+                storage=storage, task=task)
+    args.update(kw)
+    return StoreWriter(str(root), **args).open()
+
+
+def test_bf16_roundtrip_offsets_and_index(tmp_path):
+    w = _writer(tmp_path)
+    a, b = _samples("bf16", [3, 5]), _samples("bf16", [4], seed=1)
+    w.write_shard(a)
+    w.write_shard(b)
+    store = HiddenStateStore(str(tmp_path))  # root with exactly one key folder
+    assert store.uri.endswith(store_key("fp0123", [1, 3, 4], "bf16"))
+    assert store.sample_ids() == ["s0-0", "s0-1", "s1-0"]
+    assert [store.num_tokens(s) for s in store.sample_ids()] == [3, 5, 4]
+    got = store.get("s0-1")
+    assert torch.equal(got["aux"], a[1]["_aux"].to(torch.bfloat16))
+    assert torch.equal(got["last"], a[1]["_last"].to(torch.bfloat16))
+    assert torch.equal(got["input_ids"], a[1]["input_ids"].to(torch.int32))
+    assert torch.equal(got["loss_mask"], a[1]["loss_mask"])
+    assert store.verify() == []
+    assert w.done_ids() == {"s0-0", "s0-1", "s1-0"}
+    assert sorted(os.listdir(store.uri)) == [
+        "index-0of1.json", "shard-0of1-00000.safetensors", "shard-0of1-00001.safetensors", "store.json"]
+
+
+def test_shards_are_standard_safetensors_with_deterministic_bytes(tmp_path):
+    from safetensors import safe_open
+
+    for run in ("a", "b"):
+        _writer(tmp_path / run, storage="fp8").write_shard(_samples("fp8", [3, 2]))
+    key = store_key("fp0123", [1, 3, 4], "fp8")
+    files = [tmp_path / r / key / "shard-0of1-00000.safetensors" for r in ("a", "b")]
+    assert files[0].read_bytes() == files[1].read_bytes()
+    with safe_open(str(files[0]), framework="pt") as f:
+        assert f.metadata()["storage"] == "fp8"
+        assert f.get_tensor("offsets").tolist() == [0, 3, 5]
+        assert f.get_tensor("aux").dtype == torch.float8_e4m3fn
+
+
+def test_verify_reports_a_corrupted_shard(tmp_path):
+    w = _writer(tmp_path)
+    w.write_shard(_samples("bf16", [3]))
+    shard = os.path.join(w.uri, "shard-0of1-00000.safetensors")
+    data = bytearray(open(shard, "rb").read())
+    data[-1] ^= 0xFF
+    open(shard, "wb").write(bytes(data))
+    problems = HiddenStateStore(w.uri).verify()
+    assert len(problems) == 1 and "sha256" in problems[0]
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8", "fp8-topk"])
+def test_bytes_per_token_matches_files(tmp_path, storage):
+    head = torch.nn.Linear(H, V, bias=False)
+    w = _writer(tmp_path, storage=storage)
+    entry = w.write_shard(_samples(storage, [200, 300], lm_head=head))
+    raw = HiddenStateStore(w.uri).get_raw("s0-0")
+    per_token = sum(t[0].numel() * t.element_size() for t in raw.values())
+    assert per_token == bytes_per_token(storage, H)
+    size = os.path.getsize(os.path.join(w.uri, "shard-0of1-00000.safetensors"))
+    assert bytes_per_token(storage, H) * entry["tokens"] < size < bytes_per_token(storage, H) * entry["tokens"] + 1024
+
+
+def test_compact_option_sizes():
+    h = 7168
+    assert bytes_per_token("bf16", h) == 8 * h + 5
+    assert bytes_per_token("fp8", h) - 5 <= 4 * h + 8
+    assert bytes_per_token("fp8-topk", h) - 5 <= 4 * h + 8
+
+
+def test_fp8_decode_error_is_small_relative_to_each_layer(tmp_path):
+    w = _writer(tmp_path, storage="fp8")
+    samples = _samples("fp8", [64])
+    w.write_shard(samples)
+    got = HiddenStateStore(w.uri).get("s0-0")
+    for k in range(3):  # each aux layer has its own scale; errors stay relative to it
+        ref = samples[0]["_aux"][:, k * H:(k + 1) * H]
+        err = (got["aux"][:, k * H:(k + 1) * H] - ref).abs().max() / ref.abs().max()
+        assert err < 0.07  # e4m3: 3 mantissa bits -> <= 1/16 relative step
+    assert ((got["last"] - samples[0]["_last"]).abs().max() / samples[0]["_last"].abs().max()) < 0.07
+
+
+def test_target_logprobs_same_interface_for_last_and_topk(tmp_path):
+    torch.manual_seed(0)
+    head = torch.nn.Linear(H, V, bias=False)
+    for storage in ("bf16", "fp8-topk"):
+        w = _writer(tmp_path / storage, storage=storage)
+        samples = _samples(storage, [20], lm_head=head)
+        w.write_shard(samples)
+        got = HiddenStateStore(w.uri).get("s0-0")
+        logp = target_logprobs(got, head.weight.detach())
+        ref = torch.log_softmax(head(samples[0]["_last"]).detach(), -1)
+        assert logp.shape == (20, V)
+        assert torch.equal(logp.argmax(-1), ref.argmax(-1))
+        assert torch.allclose(logp.exp().sum(-1), torch.ones(20), atol=1e-4)
+        if storage == "fp8-topk":
+            assert "last" not in got and got["topk_ids"].shape == (20, 16)
+            assert int(torch.isfinite(logp).sum(-1).max()) == 16
+            top = ref.topk(16, -1)
+            assert torch.equal(got["topk_ids"].long(), top.indices)
+        else:
+            assert torch.allclose(logp, ref, atol=0.05)
+
+
+def test_store_json_mismatch_is_refused(tmp_path):
+    _writer(tmp_path)
+    with pytest.raises(InputError, match="another store"):
+        _writer(tmp_path, vocab_size=V + 1)
+
+
+def test_root_with_two_stores_asks_for_one(tmp_path):
+    _writer(tmp_path, storage="bf16").write_shard(_samples("bf16", [2]))
+    _writer(tmp_path, storage="fp8").write_shard(_samples("fp8", [2]))
+    with pytest.raises(InputError, match="several stores"):
+        HiddenStateStore(str(tmp_path))
+    with pytest.raises(InputError, match="no hidden-state store"):
+        HiddenStateStore(str(tmp_path / "nothing"))
+
+
+def test_s3_store_roundtrip(s3_bucket):
+    root = f"{s3_bucket}/store"
+    w = _writer(root, storage="fp8")
+    samples = _samples("fp8", [5, 7])
+    w.write_shard(samples)
+    store = HiddenStateStore(root)
+    assert store.sample_ids() == ["s0-0", "s0-1"]
+    assert store.verify() == []
+    assert torch.equal(store.get_raw("s0-1")["aux"].view(torch.uint8),
+                       samples[1]["tensors"]["aux"].view(torch.uint8))
