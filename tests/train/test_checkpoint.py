@@ -1,0 +1,100 @@
+"""Checkpoints: atomic step folders, latest.json, pruning, optimizer + RNG round trips, no pickle."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from eagle3.train import checkpoint as ck
+
+
+def _model_and_opt():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95))
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(5, 4)).pow(2).sum().backward()
+        opt.step()
+    names = {p: n for n, p in model.named_parameters()}
+    return model, opt, names
+
+
+def test_save_load_roundtrip_restores_weights_optimizer_and_state(tmp_path):
+    model, opt, names = _model_and_opt()
+    tensors, meta = ck.optimizer_tensors(opt, names)
+    ck.save(str(tmp_path), 3, model.state_dict(), tensors, {"opt": meta, "position": {"epoch": 1, "index": 2}},
+            {"hidden_size": 4})
+    got = ck.load_latest(str(tmp_path))
+    assert got.step == 3 and got.state["position"] == {"epoch": 1, "index": 2} and got.config == {"hidden_size": 4}
+    for k, v in model.state_dict().items():
+        assert torch.equal(got.model[k], v)
+
+    # A fresh optimizer loaded from the files takes the same next step as the original.
+    model2, opt2, names2 = _model_and_opt()
+    with torch.no_grad():
+        for p2, p in zip(model2.parameters(), model.parameters()):
+            p2.copy_(p)
+    torch.optim.AdamW(model2.parameters(), lr=1.0)  # unrelated optimizer must not matter
+    opt3 = torch.optim.AdamW(model2.parameters(), lr=1.0, betas=(0.9, 0.95))
+    ck.load_optimizer(opt3, got.optimizer, got.state["opt"], {p: n for n, p in model2.named_parameters()})
+    assert opt3.param_groups[0]["lr"] == pytest.approx(1e-2)
+    x = torch.randn(5, 4)
+    for m, o in ((model, opt), (model2, opt3)):
+        o.zero_grad()
+        m(x).pow(2).sum().backward()
+        o.step()
+    for p, p2 in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p, p2)
+
+
+def test_files_are_safetensors_and_json_only(tmp_path):
+    model, opt, names = _model_and_opt()
+    tensors, meta = ck.optimizer_tensors(opt, names)
+    ck.save(str(tmp_path), 1, model.state_dict(), tensors, {"opt": meta}, {})
+    files = sorted(p.name for p in (tmp_path / ck.step_dir_name(1)).iterdir())
+    assert files == ["config.json", "model.safetensors", "optimizer.safetensors", "train_state.json"]
+    assert json.loads((tmp_path / "latest.json").read_text()) == {"step": 1, "dir": ck.step_dir_name(1)}
+    for f in (tmp_path / ck.step_dir_name(1)).glob("*.safetensors"):
+        assert b"pickle" not in f.read_bytes()[:2000]
+
+
+def test_keeps_last_two_and_ignores_half_written_folders(tmp_path):
+    model, opt, names = _model_and_opt()
+    tensors, meta = ck.optimizer_tensors(opt, names)
+    (tmp_path / ".step-00000009.abc.tmp").mkdir(parents=True)  # a save killed half-way
+    for step in (1, 2, 3, 4):
+        ck.save(str(tmp_path), step, model.state_dict(), tensors, {"opt": meta}, {}, keep=2)
+    assert ck.list_steps(str(tmp_path)) == [3, 4]
+    assert ck.load_latest(str(tmp_path)).step == 4
+    assert not list(tmp_path.glob(".step-*"))
+
+
+def test_no_checkpoint_yet_returns_none(tmp_path):
+    assert ck.load_latest(str(tmp_path / "nothing")) is None
+
+
+def test_rng_state_roundtrip_through_json():
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    state = json.loads(json.dumps(ck.rng_state()))
+    a = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(9), np.random.seed(9), random.seed(9)
+    ck.set_rng_state(state)
+    b = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+def test_s3_checkpoint_roundtrip(s3_bucket):
+    model, opt, names = _model_and_opt()
+    tensors, meta = ck.optimizer_tensors(opt, names)
+    uri = f"{s3_bucket}/ckpt"
+    for step in (5, 6, 7):
+        ck.save(uri, step, model.state_dict(), tensors, {"opt": meta}, {"k": step})
+    assert ck.list_steps(uri) == [6, 7]
+    got = ck.load_latest(uri)
+    assert got.step == 7 and got.config == {"k": 7}
+    assert torch.equal(got.model["0.weight"], model.state_dict()["0.weight"])

@@ -1,0 +1,34 @@
+"""OOM recognition, fault injector, halving rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle3.errors import InputError
+from eagle3.train import oom
+
+
+def test_recognises_torch_oom_and_cuda_runtime_error_only():
+    assert oom.is_oom(torch.OutOfMemoryError("x"))
+    assert oom.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not oom.is_oom(RuntimeError("shape mismatch"))
+    assert not oom.is_oom(ValueError("CUDA out of memory"))
+
+
+def test_injector_raises_only_above_limit(monkeypatch):
+    monkeypatch.setenv(oom.INJECT_ENV, "100")
+    oom.maybe_inject(100)
+    with pytest.raises(torch.OutOfMemoryError):
+        oom.maybe_inject(101)
+    monkeypatch.setenv(oom.INJECT_ENV, "lots")
+    with pytest.raises(InputError, match=oom.INJECT_ENV):
+        oom.maybe_inject(1)
+    monkeypatch.delenv(oom.INJECT_ENV)
+    oom.maybe_inject(10**9)
+
+
+def test_halve_keeps_effective_batch_and_refuses_below_one_sample():
+    assert oom.halve(4096, 2, longest_sample=512) == (2048, 4)
+    with pytest.raises(InputError, match="max-seq-len"):
+        oom.halve(600, 1, longest_sample=512)
