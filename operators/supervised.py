@@ -1,0 +1,79 @@
+"""Run a stage's CLI in a supervised subprocess (extraction, training).
+
+GPU work must not run in the task process (it is forked from the supervisor
+and must never initialise CUDA), and a long run must die with the task: the
+child gets its own process group, which `kill()` ends on `on_kill`.
+The child's exit code carries the error class: 75 → GpuOutOfMemory (retry),
+2 → InputError (no retry), anything else → a plain failure (default retries).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from eagle3.errors import GpuOutOfMemory, InputError
+
+INPUT_ERROR_EXIT = 2
+
+
+class SupervisedProcess:
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, log: logging.Logger | None = None):
+        self.argv = argv
+        self.env = {**os.environ, **(env or {})}
+        self.log = log or logging.getLogger(__name__)
+        self.proc: subprocess.Popen | None = None
+
+    def run(self) -> None:
+        """Run to completion, streaming output into the task log; raise on failure."""
+        self.log.info("running: %s", " ".join(self.argv))
+        tail: collections.deque[str] = collections.deque(maxlen=20)
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, bufsize=1, start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            self.log.info("%s", line)
+        code = self.proc.wait()
+        last = "\n".join(tail)
+        if code == 0:
+            return
+        if code == GpuOutOfMemory.EXIT_CODE:
+            raise GpuOutOfMemory(f"{self.argv[2:4]} ran out of memory; state saved, retry resumes.\n{last}")
+        if code == INPUT_ERROR_EXIT:
+            raise InputError(f"bad input (exit {code}):\n{last}")
+        raise RuntimeError(f"subprocess exited with {code}:\n{last}")
+
+    def kill(self, grace_s: float = 10.0) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after grace_s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.1)
+        if self.proc.poll() is None:
+            os.killpg(pgid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def eagle3_cli(*args: str) -> list[str]:
+    """argv for the eagle3 CLI with this interpreter."""
+    return [sys.executable, "-m", "eagle3.cli", *args]
+
+
+def torchrun_cli(nproc: int, *args: str) -> list[str]:
+    """argv for a data-parallel run of an eagle3 CLI module through torchrun."""
+    if nproc <= 1:
+        return eagle3_cli(*args)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "eagle3.cli", *args]
