@@ -1,0 +1,317 @@
+"""Verify gate: re-read what `eagle3 merge` wrote and check it before extraction.
+
+Every check is recorded with its numbers in MERGED/verify.json, which is
+written whether the gate passes or not; a failed check raises GateFailed (the
+CLI exits non-zero, the DAG fails without retry). Checks:
+  checksums          files match the sha256 in manifest.json
+  accounting         per source: samples/tokens/loss tokens in = out + cut + dropped,
+                     recomputed from the prepared Parquet and from train.parquet
+  lengths            every sample has at most max_seq_len tokens; num_tokens is right
+  masks              loss_mask only 0/1, as long as input_ids, >= 1 loss token, num_loss_tokens right
+  ids                ids unique and equal to the content hash of each row
+  matches_source     each sample equals its prepared source sample truncated (lookup by source_id)
+  shuffled           output order is not the input order
+  uniform_positions  per source, positions are uniform over the file (Kolmogorov-Smirnov)
+  reproducible       re-running the seeded permutation gives the same order and content hash
+  extraction_space   estimated hidden-state bytes (and hours) fit the free space at the store
+
+Example:
+  eagle3 verify --merged MERGED --hidden-size 576 --store STORE --tokens-per-s 3000
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from eagle3 import storage
+from eagle3.errors import GateFailed, InputError
+from eagle3.merge_arrays import content_id, list_parts, segment_sums, shuffle_order
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    merged: str
+    """Merged folder written by `eagle3 merge` (local or s3://)."""
+    prepared: str | None = None
+    """Prepared folder the merge read; default: the one recorded in manifest.json."""
+    hidden_size: int = 576
+    """Target hidden size H for the extraction estimate (576 = SmolLM2-135M); `model` overrides it."""
+    model: str | None = None
+    """Target model (directory or alias); when given, H is read from its config.json."""
+    num_aux_layers: int = 3
+    """Aux layers stored per token (EAGLE-3: 3)."""
+    store_last: bool = True
+    """Whether the final hidden state [H] is stored per token too."""
+    bytes_per_value: int = 2
+    """Bytes per stored hidden value (2 = bf16)."""
+    store: str | None = None
+    """Where the hidden states will go (free space is checked there); default: the merged folder."""
+    headroom: float = 1.1
+    """The store needs estimated bytes x headroom free."""
+    tokens_per_s: float = 3000.0
+    """Extraction speed used for the hours estimate."""
+    max_hours: float | None = None
+    """Fail when the estimated extraction time exceeds this (None: report only)."""
+    p_threshold: float = 1e-3
+    """Family-wise p-value threshold of the uniform-position test (Bonferroni over sources)."""
+
+    def __post_init__(self):
+        for key in ("hidden_size", "num_aux_layers", "bytes_per_value"):
+            if getattr(self, key) < 1:
+                raise InputError(f"{key} must be >= 1, got {getattr(self, key)!r}")
+        if self.tokens_per_s <= 0 or not 0 < self.p_threshold < 1 or self.headroom < 1:
+            raise InputError(f"need tokens_per_s > 0, 0 < p_threshold < 1, headroom >= 1; got "
+                             f"{self.tokens_per_s}, {self.p_threshold}, {self.headroom}")
+
+
+def ks_uniform(u: np.ndarray) -> tuple[float, float]:
+    """One-sample Kolmogorov-Smirnov test of u against Uniform(0, 1): (D, p-value).
+
+    The p-value uses the asymptotic Kolmogorov distribution with Stephens'
+    small-sample correction; scipy is not needed.
+    """
+    n = len(u)
+    u = np.sort(u)
+    i = np.arange(1, n + 1)
+    d = float(max((i / n - u).max(), (u - (i - 1) / n).max()))
+    lam = (math.sqrt(n) + 0.12 + 0.11 / math.sqrt(n)) * d
+    k = np.arange(1, 101)
+    p = 2 * np.sum((-1.0) ** (k - 1) * np.exp(-2 * k**2 * lam**2))
+    return d, float(min(max(p, 0.0), 1.0))
+
+
+def _check(name: str, passed: bool, detail: str, **numbers) -> dict:
+    return {"name": name, "passed": bool(passed), "detail": detail, **numbers}
+
+
+class _Output:
+    """train.parquet loaded as flat numpy columns (ids/mask flat with offsets)."""
+
+    def __init__(self, path: str):
+        import pyarrow.parquet as pq
+
+        t = pq.read_table(path)
+        need = {"id", "input_ids", "loss_mask", "num_tokens", "num_loss_tokens", "source", "source_id"}
+        if not need <= set(t.column_names):
+            raise GateFailed(f"{path}: columns {sorted(need - set(t.column_names))} missing; re-run `eagle3 merge`")
+        t = t.combine_chunks()
+        self.ids_off, self.ids = list_parts(t.column("input_ids").chunk(0), np.int64) if t.num_rows else (
+            np.zeros(1, np.int64), np.zeros(0, np.int64))
+        self.mask_off, self.mask = list_parts(t.column("loss_mask").chunk(0), np.int64) if t.num_rows else (
+            np.zeros(1, np.int64), np.zeros(0, np.int64))
+        self.id = np.array(t.column("id").to_pylist(), dtype=object)
+        self.source = np.array(t.column("source").to_pylist(), dtype=object)
+        self.source_id = np.array(t.column("source_id").to_pylist(), dtype=object)
+        self.num_tokens = t.column("num_tokens").to_numpy()
+        self.num_loss = t.column("num_loss_tokens").to_numpy()
+        self.n = t.num_rows
+
+    def row(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        return (self.ids[self.ids_off[r]:self.ids_off[r + 1]], self.mask[self.mask_off[r]:self.mask_off[r + 1]])
+
+
+def _source_checks(out: _Output, man: dict, prepared: str | None) -> tuple[list, dict]:
+    """accounting + matches_source, one prepared file at a time; also returns input ranks."""
+    import pyarrow.parquet as pq
+
+    L = man["max_seq_len"]
+    problems, mismatches, numbers, rank = [], 0, {}, {}
+    base = 0
+    for name in sorted(man["sources"]):
+        rec = man["sources"][name]
+        path = storage.local_path(storage.join(prepared, name, "tokenized.parquet") if prepared else rec["file"])
+        src = pq.read_table(path, columns=["id", "input_ids", "loss_mask"]).combine_chunks()
+        off, vals = list_parts(src.column("input_ids").chunk(0), np.int64) if src.num_rows else (np.zeros(1, int), [])
+        moff, mvals = list_parts(src.column("loss_mask").chunk(0), np.int64) if src.num_rows else (np.zeros(1, int), [])
+        lens = np.diff(off)
+        # loss tokens past the cut: position-in-row >= L (a different method from merge's gather)
+        pos_in_row = np.arange(moff[-1] - moff[0]) - np.repeat(moff[:-1] - moff[0], np.diff(moff))
+        cut_loss = int(np.asarray(mvals[moff[0]:moff[-1]])[pos_in_row >= L].sum()) if len(pos_in_row) else 0
+        index = {sid: i for i, sid in enumerate(src.column("id").to_pylist())}
+        sel = np.flatnonzero(out.source == name)
+        got = {"samples_in": src.num_rows, "samples_out": len(sel), "tokens_in": int(lens.sum()),
+               "tokens_out": int(out.num_tokens[sel].sum()), "tokens_cut": int(np.maximum(lens - L, 0).sum()),
+               "loss_tokens_in": int(np.asarray(mvals).sum()), "loss_tokens_out": int(out.num_loss[sel].sum()),
+               "loss_tokens_cut": cut_loss}
+        dropped = rec.get("dropped", {})
+        drops_listed = sum(1 for d in man.get("drops", []) if d["source"] == name)
+        balance = {
+            "samples": got["samples_in"] - got["samples_out"] - sum(dropped.values()),
+            "tokens": got["tokens_in"] - got["tokens_out"] - got["tokens_cut"] - sum(rec["dropped_tokens"].values()),
+            "loss_tokens": got["loss_tokens_in"] - got["loss_tokens_out"] - got["loss_tokens_cut"]
+            - sum(rec["dropped_loss_tokens"].values()),
+            "drops_listed": drops_listed - sum(dropped.values()),
+        }
+        for key in ("samples_in", "samples_out", "tokens_in", "tokens_out", "loss_tokens_in", "loss_tokens_out"):
+            if rec[key] != got[key]:
+                problems.append(f"{name}.{key}: manifest {rec[key]} vs recomputed {got[key]}")
+        problems += [f"{name}: {k} off by {v}" for k, v in balance.items() if v]
+        numbers[name] = {**got, "imbalance": balance}
+        for r in sel:
+            i = index.get(out.source_id[r])
+            ids, mask = out.row(r)
+            if i is None:
+                mismatches += 1
+                continue
+            rank[r] = base + i
+            n = min(int(lens[i]), L)
+            if len(ids) != n or not (np.array_equal(ids, vals[off[i]:off[i] + n])
+                                     and np.array_equal(mask, mvals[moff[i]:moff[i] + n])):
+                mismatches += 1
+        base += src.num_rows
+    unknown = sorted(set(out.source) - set(man["sources"]))
+    if unknown:
+        problems.append(f"rows from sources not in the manifest: {unknown}")
+    checks = [
+        _check("accounting", not problems, "; ".join(problems[:10]) or
+               "per source: in = out + cut by truncation + dropped, for samples, tokens and loss tokens",
+               sources=numbers),
+        _check("matches_source", mismatches == 0,
+               f"{mismatches} of {out.n} samples differ from their prepared source truncated to {L}"
+               if mismatches else f"all {out.n} samples equal their source truncated to {L}", mismatches=mismatches),
+    ]
+    return checks, rank
+
+
+def _row_checks(out: _Output, L: int) -> list:
+    lens, mlens = np.diff(out.ids_off), np.diff(out.mask_off)
+    too_long = int((lens > L).sum())
+    bad_num = int((lens != out.num_tokens).sum())
+    bad_vals = int(((out.mask != 0) & (out.mask != 1)).sum())
+    bad_len = int((lens != mlens).sum())
+    loss = segment_sums(out.mask, out.mask_off)
+    no_loss = int((loss == 0).sum())
+    bad_numloss = int((loss != out.num_loss).sum())
+    bad_ids = sum(1 for r in range(out.n) if content_id(*out.row(r)) != out.id[r]) if bad_len == 0 else out.n
+    dup = out.n - len(set(out.id))
+    return [
+        _check("lengths", too_long == 0 and bad_num == 0,
+               f"{too_long} samples longer than max_seq_len {L}; {bad_num} num_tokens wrong; max length "
+               f"{int(lens.max()) if out.n else 0}", too_long=too_long, bad_num_tokens=bad_num),
+        _check("masks", bad_vals == bad_len == no_loss == bad_numloss == 0,
+               f"{bad_vals} mask values not 0/1; {bad_len} masks of another length than their ids; "
+               f"{no_loss} samples without loss tokens; {bad_numloss} num_loss_tokens wrong",
+               bad_values=bad_vals, bad_lengths=bad_len, no_loss=no_loss, bad_num_loss_tokens=bad_numloss),
+        _check("ids", bad_ids == 0 and dup == 0,
+               f"{dup} duplicate ids; {bad_ids} ids that are not the content hash of their row",
+               duplicates=dup, bad_ids=bad_ids),
+    ]
+
+
+def _order_checks(out: _Output, man: dict, rank: dict, p_threshold: float) -> list:
+    n = out.n
+    ranks = np.array([rank.get(r, -1) for r in range(n)])
+    in_order = float(np.mean(np.diff(ranks) > 0)) if n > 1 else 1.0
+    monotone = n >= 8 and bool((np.diff(ranks) > 0).all())
+    checks = [_check("shuffled", not monotone,
+                     f"share of neighbours in input order {in_order:.3f} (a uniform shuffle gives ~0.5)"
+                     + ("; the output is in input order" if monotone else ""), in_order_share=in_order)]
+    names = sorted(set(out.source))
+    tested = {s: np.flatnonzero(out.source == s) for s in names}
+    tested = {s: p for s, p in tested.items() if len(p) >= 5 and len(p) < n}
+    alpha = p_threshold / max(len(tested), 1)
+    results = {s: ks_uniform((p + 0.5) / n) for s, p in tested.items()}
+    bad = {s: r for s, r in results.items() if r[1] < alpha}
+    checks.append(_check(
+        "uniform_positions", not bad,
+        (f"positions not uniform for {', '.join(f'{s} (KS D={d:.3f}, p={p:.2g} < {alpha:.2g})' for s, (d, p) in bad.items())}"
+         if bad else f"KS test of each source's positions against uniform: all p >= {alpha:.2g} "
+         f"({len(tested)} sources tested)"),
+        alpha=alpha, sources={s: {"n": len(tested[s]), "ks_d": d, "p_value": p} for s, (d, p) in results.items()}))
+    expected = np.sort(out.id.astype(str))[shuffle_order(n, man["seed"])] if n else np.array([], str)
+    differ = int((expected != out.id.astype(str)).sum()) if n else 0
+    h = hashlib.sha256()
+    for cid in expected:
+        h.update(str(cid).encode() + b"\n")
+    same_hash = h.hexdigest() == man.get("content_hash")
+    checks.append(_check("reproducible", differ == 0 and same_hash,
+                         f"re-running the seed-{man['seed']} permutation: {differ} positions differ; content hash "
+                         f"{'matches' if same_hash else 'differs from'} the manifest", positions_differ=differ,
+                         content_hash=h.hexdigest()))
+    return checks
+
+
+def _space_check(cfg: VerifyConfig, tokens: int) -> dict:
+    hidden = cfg.hidden_size
+    if cfg.model:
+        from eagle3 import target
+
+        hidden = int(json.loads(storage.read_text(storage.join(target.resolve_model(cfg.model), "config.json")))[
+            "hidden_size"])
+    per_token = (cfg.num_aux_layers + int(cfg.store_last)) * hidden * cfg.bytes_per_value + 4 + 1
+    need = tokens * per_token
+    hours = tokens / cfg.tokens_per_s / 3600
+    dest = cfg.store or cfg.merged
+    free = storage.free_bytes(dest)
+    fits = free is None or need * cfg.headroom <= free
+    fast = cfg.max_hours is None or hours <= cfg.max_hours
+    detail = (f"{tokens} tokens x {per_token} B/token = {need / 1e9:.3f} GB (x{cfg.headroom} headroom) vs "
+              f"{'unknown (object store)' if free is None else f'{free / 1e9:.3f} GB'} free at {dest}; "
+              f"~{hours:.2f} h at {cfg.tokens_per_s:g} tok/s")
+    if not fits:
+        detail += f"; short by {(need * cfg.headroom - free) / 1e9:.3f} GB"
+    if not fast:
+        detail += f"; over the {cfg.max_hours} h limit by {hours - cfg.max_hours:.2f} h"
+    return _check("extraction_space", fits and fast, detail, bytes_per_token=per_token, bytes=need,
+                  free_bytes=free, hours=hours, hidden_size=hidden)
+
+
+def verify(merged_uri: str | VerifyConfig, prepared_uri: str | None = None, **options) -> dict:
+    """Run every check on a merged folder, write verify.json, raise GateFailed if one fails.
+
+    Takes a VerifyConfig, or the merged URI plus VerifyConfig fields as keywords.
+    Returns the verify.json content.
+    """
+    cfg = merged_uri if isinstance(merged_uri, VerifyConfig) else VerifyConfig(
+        merged=merged_uri, prepared=prepared_uri, **options)
+    man_uri = storage.join(cfg.merged, "manifest.json")
+    if not storage.exists(man_uri):
+        raise InputError(f"{man_uri} not found; run `eagle3 merge --out {cfg.merged}` first")
+    man = storage.read_json(man_uri)
+    checks = []
+    bad_sums = [f for f, s in man.get("checksums", {}).items()
+                if storage.sha256_file(storage.local_path(storage.join(cfg.merged, f))) != s]
+    checks.append(_check("checksums", not bad_sums, f"changed since merge: {bad_sums}" if bad_sums else
+                         f"{len(man.get('checksums', {}))} files match manifest.json", changed=bad_sums))
+    out = _Output(storage.local_path(storage.join(cfg.merged, "train.parquet")))
+    source_checks, rank = _source_checks(out, man, cfg.prepared)
+    checks += _row_checks(out, man["max_seq_len"]) + source_checks
+    checks += _order_checks(out, man, rank, cfg.p_threshold)
+    checks.append(_space_check(cfg, int(out.num_tokens.sum())))
+    failed = [c for c in checks if not c["passed"]]
+    result = {"passed": not failed, "failed": [c["name"] for c in failed], "samples": out.n,
+              "tokens": int(out.num_tokens.sum()), "content_hash": man.get("content_hash"), "checks": checks}
+    storage.write_json(storage.join(cfg.merged, "verify.json"), result)
+    for c in checks:
+        log.info("verify %-18s %s  %s", c["name"], "ok  " if c["passed"] else "FAIL", c["detail"])
+    if failed:
+        raise GateFailed("verify gate failed: " + " | ".join(f"{c['name']}: {c['detail']}" for c in failed))
+    return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--merged", required=True, help="merged folder from `eagle3 merge` (local or s3://)")
+    p.add_argument("--prepared", default=None, help="prepared folder (default: the one in manifest.json)")
+    p.add_argument("--model", default=None, help="target model dir or alias: read its hidden size")
+    p.add_argument("--hidden-size", type=int, default=576, help="target hidden size for the estimate (default 576)")
+    p.add_argument("--bytes-per-value", type=int, default=2, help="bytes per stored value (2 = bf16)")
+    p.add_argument("--store", default=None, help="hidden-state destination whose free space is checked")
+    p.add_argument("--tokens-per-s", type=float, default=3000.0, help="extraction speed for the hours estimate")
+    p.add_argument("--max-hours", type=float, default=None, help="fail if the estimated extraction takes longer")
+
+
+def run(args: argparse.Namespace) -> int:
+    result = verify(args.merged, args.prepared, model=args.model, hidden_size=args.hidden_size,
+                    bytes_per_value=args.bytes_per_value, store=args.store, tokens_per_s=args.tokens_per_s,
+                    max_hours=args.max_hours)
+    print(json.dumps({k: result[k] for k in ("passed", "samples", "tokens", "content_hash")}))
+    return 0
