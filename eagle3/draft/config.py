@@ -1,0 +1,145 @@
+"""The draft's architecture config, built from the target's Hugging Face config.
+
+Torch-free on purpose: the CLI and the export stage read it for `--help` and
+for writing SGLang's config.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from eagle3.errors import InputError
+
+# Rope variants the draft implements (eagle3/draft/model.py:rope_inv_freq).
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """Shapes of the one-layer EAGLE-3 draft; every value mirrors the target."""
+
+    hidden_size: int
+    """H: the target's hidden size (the draft's residual stream is H wide)."""
+    intermediate_size: int
+    """The MLP's inner width (the target's)."""
+    num_attention_heads: int
+    """Query heads (the target's)."""
+    num_key_value_heads: int
+    """Key/value heads (GQA, the target's)."""
+    head_dim: int
+    """Per-head width; the target's `head_dim`, else hidden_size // heads."""
+    rms_norm_eps: float
+    """RMSNorm epsilon (the target's)."""
+    rope_theta: float
+    """Rotary base (the target's)."""
+    max_position_embeddings: int
+    """The target's context length (written to SGLang's config)."""
+    vocab_size: int
+    """V: the target's vocabulary (t2d is V long)."""
+    draft_vocab_size: int
+    """Vd: the draft lm_head's rows (d2t is Vd long)."""
+    aux_layer_ids: tuple[int, ...]
+    """Target layers whose *outputs* form aux = cat(...) (3 ids; SGLang's meaning)."""
+    rope_scaling: dict[str, Any] | None = None
+    """The target's rope scaling dict (`rope_type` linear/llama3) or None."""
+    hidden_act: str = "silu"
+    """MLP activation; only silu (Llama family) is implemented."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form provenance (target name, fingerprint); not used by the model."""
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                     "head_dim", "vocab_size", "draft_vocab_size", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise InputError(f"DraftConfig.{name} must be a positive int, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise InputError(
+                f"DraftConfig.num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}; GQA needs whole groups"
+            )
+        if self.draft_vocab_size > self.vocab_size:
+            raise InputError(
+                f"DraftConfig.draft_vocab_size={self.draft_vocab_size} exceeds vocab_size={self.vocab_size}; "
+                "pick a draft vocab no larger than the target's"
+            )
+        if len(self.aux_layer_ids) != 3:
+            raise InputError(f"DraftConfig.aux_layer_ids must name 3 target layers, got {list(self.aux_layer_ids)}")
+        if self.hidden_act != "silu":
+            raise InputError(f"DraftConfig.hidden_act={self.hidden_act!r} is not supported; only 'silu' is")
+        rope_type = rope_type_of(self.rope_scaling)
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise InputError(
+                f"DraftConfig.rope_scaling has rope_type={rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
+        object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
+
+    @classmethod
+    def from_target(cls, target: dict[str, Any], draft_vocab_size: int,
+                    aux_layer_ids: list[int] | None = None, **extra: Any) -> "DraftConfig":
+        """Mirror a target's HF config dict (transformers 4 or 5 layout).
+
+        ``aux_layer_ids`` defaults to EAGLE-3's [1, L/2-1, L-4] (layer outputs).
+        """
+        from eagle3.target import default_aux_layers
+
+        def need(key: str) -> Any:
+            if key not in target:
+                raise InputError(f"target config.json has no {key!r}; is it a Llama-style causal LM config?")
+            return target[key]
+
+        hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+        # transformers 5 keeps rope_theta and the scaling inside rope_parameters.
+        rope = dict(target.get("rope_parameters") or {})
+        theta = float(target.get("rope_theta", rope.pop("rope_theta", 10000.0)))
+        scaling = target.get("rope_scaling") or (rope if rope_type_of(rope) != "default" else None)
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=int(need("intermediate_size")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(target.get("num_key_value_heads") or heads),
+            head_dim=int(target.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(target.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=dict(scaling) if scaling else None,
+            max_position_embeddings=int(target.get("max_position_embeddings", 4096)),
+            vocab_size=int(need("vocab_size")),
+            draft_vocab_size=int(draft_vocab_size),
+            aux_layer_ids=tuple(aux_layer_ids or default_aux_layers(int(need("num_hidden_layers")))),
+            hidden_act=str(target.get("hidden_act", "silu")),
+            extra=dict(extra),
+        )
+
+    @classmethod
+    def from_target_dir(cls, model_dir: str, draft_vocab_size: int,
+                        aux_layer_ids: list[int] | None = None, **extra: Any) -> "DraftConfig":
+        """`from_target` on ``model_dir/config.json`` (local or s3)."""
+        from eagle3 import storage
+
+        return cls.from_target(storage.read_json(storage.join(model_dir, "config.json")),
+                               draft_vocab_size, aux_layer_ids, **extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict; `from_dict` inverts it. This is the checkpoint's config.json."""
+        d = dataclasses.asdict(self)
+        d["aux_layer_ids"] = list(self.aux_layer_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "draft config") -> "DraftConfig":
+        """Inverse of `to_dict`; unknown keys are refused (they name ``where``)."""
+        from eagle3.config import from_dict
+
+        data = dict(data)
+        if "aux_layer_ids" in data:
+            data["aux_layer_ids"] = tuple(data["aux_layer_ids"])
+        return from_dict(cls, data, where)
+
+
+def rope_type_of(scaling: dict[str, Any] | None) -> str:
+    """The rope variant of a scaling dict (HF spells it `rope_type` or `type`)."""
+    if not scaling:
+        return "default"
+    return str(scaling.get("rope_type") or scaling.get("type") or "default")

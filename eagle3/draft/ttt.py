@@ -1,0 +1,163 @@
+"""Training-time test (TTT): the draft's forward over whole sequences, its loss and metrics.
+
+Alignment (docs/CONTRACTS.md "Alignment"; x = input_ids, p_j = the target's
+distribution at j, which predicts x_{j+1}). For TTT step i at row position t:
+
+    input token   x_{t+1+i}
+    input hidden  fc(aux_t) for i = 0, else the draft's step i-1 output at t
+    position id   pos_t + i   (pos_t = t's index inside its sample; step i's
+                               query sits where decoding would put it)
+    target        p_{t+1+i} restricted to the draft vocab
+    mask          loss_mask[t+2+i] and argmax(p_{t+1+i}) in the draft vocab and
+                  t+2+i in the same sample as t
+
+All shifts happen here, once: callers pass unshifted per-position tensors
+exactly as the hidden-state store holds them.
+
+Attention: step i's query at t sees step-0 keys at s <= t of its own sample,
+plus the keys of steps 1..i at t only (the diagonal). That is what decoding
+sees: a cache of prefix positions plus the chain of the draft's own tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from eagle3.draft.model import Eagle3Draft
+
+DEFAULT_TTT_LENGTH = 7
+DEFAULT_STEP_DECAY = 0.8  # step i's loss weight is 0.8 ** i
+
+
+def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
+                     norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                     chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss's target inputs from the store's `last` states.
+
+    last [.., H] is the final-norm hidden (pass ``norm_weight`` only if it is
+    not normed yet). Returns (target_logits_draft [.., Vd]: the target's
+    logits at the draft vocab's target ids, target_argmax_in_draft [..] bool:
+    the full-vocab argmax lies in the draft vocab). Works in row chunks so the
+    full [T, V] logits never exist at once.
+    """
+    draft_ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t
+    flat = last.reshape(-1, last.shape[-1])
+    w = lm_head_weight.float()
+    logits_d, in_draft = [], []
+    for rows in flat.split(chunk):
+        x = rows.float()
+        if norm_weight is not None:
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
+        full = x @ w.T
+        logits_d.append(full[:, draft_ids])
+        in_draft.append(t2d[full.argmax(-1)])
+    shape = last.shape[:-1]
+    return (torch.cat(logits_d).reshape(*shape, -1) if logits_d else last.new_zeros(*shape, d2t.shape[0]),
+            torch.cat(in_draft).reshape(shape) if in_draft else torch.zeros(shape, dtype=torch.bool))
+
+
+def sim_accept_len(acc: list[float]) -> float:
+    """Simulated acceptance length 1 + sum_k prod_{j<=k} acc_j (chain, greedy)."""
+    total, run = 1.0, 1.0
+    for a in acc:
+        run *= a
+        total += run
+    return total
+
+
+@dataclass
+class TTTResult:
+    loss: torch.Tensor
+    """sum_i decay^i * loss_i; the tensor to backpropagate."""
+    loss_sums: torch.Tensor
+    """[S] summed soft CE per step over its masked positions (detached)."""
+    correct: torch.Tensor
+    """[S] masked positions where the draft's argmax equals the target's."""
+    counts: torch.Tensor
+    """[S] masked (trained) positions per step."""
+
+    def metrics(self) -> dict[str, float]:
+        """`loss`, `loss_i`, `acc_i`, `sim_accept_len`, `tokens_i` as floats."""
+        return metrics_from_sums(float(self.loss.detach()), self.loss_sums, self.correct, self.counts)
+
+
+def metrics_from_sums(loss: float, loss_sums: torch.Tensor, correct: torch.Tensor,
+                      counts: torch.Tensor) -> dict[str, float]:
+    """Metrics from (possibly all-reduced or accumulated) per-step sums."""
+    n = counts.clamp(min=1).double()
+    acc = (correct.double() / n).tolist()
+    out = {"loss": loss, "sim_accept_len": sim_accept_len(acc)}
+    for i, (l_i, a_i, c_i) in enumerate(zip((loss_sums.double() / n).tolist(), acc, counts.tolist())):
+        out[f"loss_{i}"], out[f"acc_{i}"], out[f"tokens_{i}"] = l_i, a_i, float(c_i)
+    return out
+
+
+def _shift(x: torch.Tensor, k: int, fill) -> torch.Tensor:
+    """x[:, t] <- x[:, t + k] along dim 1, padded with ``fill`` at the end."""
+    if k == 0:
+        return x
+    pad = torch.full_like(x[:, :k], fill)
+    return torch.cat([x[:, k:], pad], dim=1)
+
+
+def positions_in_sample(segment_ids: torch.Tensor) -> torch.Tensor:
+    """[B,T] index of each position inside its sample (segments are contiguous)."""
+    b, t = segment_ids.shape
+    idx = torch.arange(t, device=segment_ids.device).expand(b, t)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    return idx - torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+
+
+def step0_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """[B,1,T,T]: causal and within one sample (padding, id 0, only sees padding)."""
+    t = segment_ids.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=segment_ids.device).tril()
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return (causal[None] & same)[:, None]
+
+
+def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
+                target_logits_draft: torch.Tensor, target_argmax_in_draft: torch.Tensor,
+                loss_mask: torch.Tensor, segment_ids: torch.Tensor | None = None,
+                ttt_length: int = DEFAULT_TTT_LENGTH, step_decay: float = DEFAULT_STEP_DECAY) -> TTTResult:
+    """Run ``ttt_length`` TTT steps and return the loss and per-step counts.
+
+    All inputs are unshifted, per target position j, [B,T,...]:
+      input_ids [B,T] x_j; aux [B,T,3H]; target_logits_draft [B,T,Vd] and
+      target_argmax_in_draft [B,T] (from `target_from_last` or a compact
+      top-k stand-in); loss_mask [B,T] (1 = x_j is an assistant token);
+      segment_ids [B,T] int: which sample each position belongs to, 0 for
+      padding (default: the whole row is one sample). Several samples may be
+      packed in a row; they never attend to each other.
+    Loss per step = mean over its masked positions of the soft cross-entropy
+    -sum_v softmax(target)_v log softmax(draft)_v over the draft vocab.
+    """
+    if ttt_length < 1:
+        raise ValueError(f"ttt_length must be >= 1, got {ttt_length}")
+    if segment_ids is None:
+        segment_ids = torch.ones_like(input_ids)
+    loss_mask, in_draft = loss_mask.bool(), target_argmax_in_draft.bool()
+    pos = positions_in_sample(segment_ids)
+    mask0 = step0_mask(segment_ids)
+    hidden = draft.project_aux(aux)
+    history: list = []
+    total = hidden.new_zeros(())
+    sums, correct, counts = [], [], []
+    for i in range(ttt_length):
+        ids = _shift(input_ids, 1 + i, 0)
+        logits, hidden = draft.ttt_step(ids, hidden, pos + i, history, mask0)
+        target = _shift(target_logits_draft, 1 + i, 0).float()
+        same_sample = (_shift(segment_ids, 2 + i, -1) == segment_ids) & (segment_ids != 0)
+        mask = _shift(loss_mask, 2 + i, False) & _shift(in_draft, 1 + i, False) & same_sample
+        ce = -(target.softmax(-1) * F.log_softmax(logits.float(), -1)).sum(-1)
+        n = mask.sum()
+        step_sum = (ce * mask).sum()
+        total = total + (step_decay ** i) * step_sum / n.clamp(min=1)
+        sums.append(step_sum.detach())
+        correct.append(((logits.argmax(-1) == target.argmax(-1)) & mask).sum())
+        counts.append(n)
+    return TTTResult(total, torch.stack(sums), torch.stack(correct), torch.stack(counts))
