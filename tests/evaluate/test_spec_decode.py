@@ -1,0 +1,141 @@
+"""The chain decoder is lossless and never re-runs the prefix (tiny random Llama, fp32 CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle3.evaluate.spec_decode import (
+    Eagle3DraftStepper, TargetRunner, greedy_generate, speculative_generate,
+)
+
+EOS = frozenset({2})
+
+
+class OracleDraft:
+    """A DraftStepper that knows the target's greedy sequence: proposes it right for the
+    first ``correct`` chain positions of every round and wrong afterwards."""
+
+    def __init__(self, sequence: list[int], correct: int):
+        self.seq, self.correct, self.n = sequence, correct, 0
+        self.calls: list[tuple[str, int]] = []
+
+    def reset(self):
+        self.n = 0
+
+    def __len__(self):
+        return self.n
+
+    def _propose(self, depth: int) -> tuple[int, torch.Tensor]:
+        # Row at position n-1 reads x_n and proposes x_{n+1}.
+        right = self.seq[self.n + 1] if self.n + 1 < len(self.seq) else 0
+        return (right if depth < self.correct else (right + 1) % 49152), torch.tensor([float(depth)])
+
+    def extend(self, token_ids, aux):
+        assert aux.shape[0] == len(token_ids)  # one aux row per draft input token
+        # The tokens are x_{t+1} for the new positions t: they must equal the true sequence.
+        assert list(token_ids) == self.seq[self.n + 1: self.n + 1 + len(token_ids)]
+        self.n += len(token_ids)
+        self.calls.append(("extend", len(token_ids)))
+        return self._propose(0)
+
+    def chain(self, token_id, hidden):
+        depth = int(hidden.item()) + 1
+        self.n += 1
+        self.calls.append(("chain", 1))
+        return self._propose(depth)
+
+    def truncate(self, length):
+        assert length <= self.n
+        self.n = length
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    return TargetRunner(model, aux_layer_ids=[1, 3, 4])
+
+
+PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 28, 2]
+
+
+def test_greedy_baseline_matches_transformers_generate(tiny):
+    ref = tiny.model.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False, eos_token_id=2,
+                              pad_token_id=2)[0, len(PROMPT):].tolist()
+    got = greedy_generate(tiny, PROMPT, 12, EOS)
+    assert got.tokens == ref[: len(got.tokens)]
+    assert got.stop == ("eos" if got.tokens[-1] == 2 else "length")
+
+
+@pytest.mark.parametrize("correct,steps", [(0, 3), (1, 3), (2, 3), (3, 3), (5, 5), (1, 1)])
+def test_oracle_draft_lossless_and_acceptance(tiny, correct, steps):
+    base = greedy_generate(tiny, PROMPT, 20, frozenset())
+    draft = OracleDraft(PROMPT + base.tokens, correct)
+    tiny.tokens_fed = 0
+    spec = speculative_generate(tiny, draft, PROMPT, 20, frozenset(), steps=steps)
+    assert spec.tokens == base.tokens
+    full = [r for r in spec.steps if r.drafted == steps and r.emitted == r.accepted + 1]
+    assert full and all(r.accepted == min(correct, steps) for r in full)
+    # 1 token from the prefill + everything the verifications emitted
+    assert 1 + sum(r.emitted for r in spec.steps) == 20
+    # The prefix is never re-run: the target saw the prompt once, then root + drafts per round.
+    assert tiny.tokens_fed == len(PROMPT) + sum(r.drafted + 1 for r in spec.steps)
+
+
+def test_oracle_draft_never_drafts_past_max_new_tokens(tiny):
+    base = greedy_generate(tiny, PROMPT, 7, frozenset())
+    spec = speculative_generate(tiny, OracleDraft(PROMPT + base.tokens, 3), PROMPT, 7, frozenset(), steps=3)
+    assert spec.tokens == base.tokens and spec.stop == "length"
+    assert [r.drafted for r in spec.steps] == [3, 1]  # 1 (prefill) + 4 + (1 draft + bonus) = 7
+
+
+def test_stops_at_eos_inside_accepted_drafts(tiny):
+    base = greedy_generate(tiny, PROMPT, 16, frozenset())
+    eos = frozenset({base.tokens[5]})  # pretend the 6th greedy token is the end of turn
+    cut = base.tokens[: base.tokens.index(base.tokens[5]) + 1]
+    spec = speculative_generate(tiny, OracleDraft(PROMPT + base.tokens, 3), PROMPT, 16, eos, steps=3)
+    assert spec.tokens == cut and spec.stop == "eos"
+    assert greedy_generate(tiny, PROMPT, 16, eos).tokens == cut
+
+
+def _random_draft(tiny_llama_dir, vd=4096):
+    from eagle3.draft.build import build_draft
+    from eagle3.draft.config import DraftConfig
+
+    cfg = DraftConfig.from_target_dir(tiny_llama_dir, draft_vocab_size=vd, aux_layer_ids=[1, 3, 4])
+    d2t = torch.zeros(vd, dtype=torch.long)  # draft id i -> target id i
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[:vd] = True
+    return build_draft(cfg, tiny_llama_dir, d2t, t2d, init="random", seed=1)
+
+
+def test_random_eagle3_draft_is_lossless(tiny, tiny_llama_dir):
+    stepper = Eagle3DraftStepper(_random_draft(tiny_llama_dir))
+    for prompt in (PROMPT, PROMPT[:4], [1, 504, 3145, 314, 7734, 30]):
+        base = greedy_generate(tiny, prompt, 24, EOS)
+        spec = speculative_generate(tiny, stepper, prompt, 24, EOS, steps=3)
+        assert spec.tokens == base.tokens
+        tau = sum(r.emitted for r in spec.steps) / len(spec.steps)
+        assert 1.0 <= tau < 2.0  # a random draft is almost never right
+        # Chain rows were rolled back: the draft cache ends at the last real-feature position.
+        assert len(stepper) <= len(prompt) + len(spec.tokens)
+
+
+def test_eagle3_stepper_cache_rollback_matches_fresh_run(tiny_llama_dir):
+    """Extending after a truncate gives the same proposal as running the same rows from scratch."""
+    draft = _random_draft(tiny_llama_dir)
+    a, b = Eagle3DraftStepper(draft), Eagle3DraftStepper(draft)
+    torch.manual_seed(3)
+    aux = torch.randn(6, 3 * 64)
+    ids = [5, 6, 7, 8, 9, 10]
+    a.extend(ids[:4], aux[:4])
+    tok, h = a.extend([99], torch.randn(1, 192))
+    a.chain(tok, h)
+    a.truncate(4)
+    got = a.extend(ids[4:], aux[4:])
+    want = b.extend(ids, aux)
+    assert got[0] == want[0]
+    assert torch.allclose(got[1], want[1], atol=1e-5)
