@@ -33,7 +33,16 @@ $(AIRFLOW_HOME)/.ready: $(BIN)/.installed pools.json
 
 airflow-home: $(AIRFLOW_HOME)/.ready
 
-test: venv
+# The whole DAG on the bundled SmolLM2 with an embedded SQLite Airflow.
+demo: airflow-home
+	$(BIN)/python demo/run_demo.py
+
+# Airflow UI with the project's DAGs and report plugin; password in
+# $(AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated (user admin).
+airflow: airflow-home
+	$(BIN)/airflow standalone
+
+test: airflow-home
 	$(BIN)/python -m pytest tests -q -x --timeout=1800
 
 clean:

@@ -1,0 +1,102 @@
+"""`make demo`: the whole eagle3_train DAG on the bundled SmolLM2-135M-Instruct.
+
+Writes the demo corpus, runs `airflow dags test eagle3_train` with the demo
+settings (embedded SQLite Airflow), then prints the stats table, the gate
+verdict, τ, the speedup, the lossless verdict and where the report is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Sized for 15 minutes on 2 CPU cores; see README "The demo".
+DEMO_CONF = {
+    "model": "smollm2-135m-instruct",
+    "max_seq_len": 1024,
+    "draft_vocab_size": 8192,
+    "ttt_length": 4,
+    "epochs": 2,
+    "lr": 1e-3,
+    "token_budget": 4096,
+    "extract_shards": 2,
+    "benchmark_prompts": "humaneval",
+    "benchmark_limit": 10,
+    "max_new_tokens": 96,
+    "steps": 3,
+    "regenerate_backend": "hf",
+    "regenerate_max_tokens": 160,
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    ap.add_argument("--scale", type=float, default=1.0, help="demo corpus size multiplier")
+    ap.add_argument("--conf", default="{}", help="JSON overriding the demo DAG-run conf")
+    args = ap.parse_args()
+
+    artifacts = Path(args.artifacts).resolve()
+    demo_dir = artifacts / "demo"
+    env = {**os.environ, "EAGLE3_ARTIFACTS": str(artifacts), "PYTHONPATH": str(REPO),
+           "EAGLE3_MANIFEST": str(demo_dir / "manifest.yaml"), "EAGLE3_RETRY_DELAY_S": "5",
+           "EAGLE3_OOM_RETRY_DELAY_S": "2"}
+    bin_dir = Path(sys.executable).parent
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "eagle3.cli", "demo-data", "--out", str(demo_dir),
+                    "--scale", str(args.scale)], check=True, env=env)
+    conf = {**DEMO_CONF, "manifest": str(demo_dir / "manifest.yaml"), "storage_root": str(artifacts),
+            **json.loads(args.conf)}
+    conf = {k: v for k, v in conf.items() if v is not None}
+    log_path = demo_dir / "dags_test.log"
+    print(f"running `airflow dags test eagle3_train` (full log: {log_path})", flush=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([str(bin_dir / "airflow"), "dags", "test", "eagle3_train", "-c", json.dumps(conf)],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            log.write(line)
+            if any(k in line for k in ("[DAG TEST] running task", "ETA", "Marking task as", "ERROR", "Traceback",
+                                       "error:", "τ", "acceptance")):
+                print(line.rstrip()[:300], flush=True)
+        code = proc.wait()
+    minutes = (time.time() - t0) / 60
+    print(f"\n=== demo finished in {minutes:.1f} min (airflow dags test exit {code}) ===")
+    return summarize(artifacts) or code
+
+
+def summarize(artifacts: Path) -> int:
+    runs = sorted((artifacts / "runs" / "eagle3_train").glob("*"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        print("no run folder found")
+        return 1
+    run = runs[-1]
+    table = run / "stats" / "stats_table.txt"
+    if table.exists():
+        print("\n--- dataset statistics ---\n" + table.read_text())
+    verify = run / "merged" / "verify.json"
+    if verify.exists():
+        v = json.loads(verify.read_text())
+        print(f"--- verify gate: {'PASSED' if v['passed'] else 'FAILED'} "
+              f"({sum(c['passed'] for c in v['checks'])}/{len(v['checks'])} checks) ---")
+    report = run / "eval" / "report.json"
+    if report.exists():
+        r = json.loads(report.read_text())
+        print(f"--- evaluation on {r.get('prompts')} ({r.get('num_prompts', '?')} prompts, k={r.get('steps')}) ---")
+        print(f"acceptance length tau = {r['acceptance_length']:.3f}   (simulated offline: {r.get('sim_accept_len')})")
+        print(f"speedup = {r.get('speedup', 0):.2f}x   ({r.get('tokens_per_s_spec', 0):.1f} vs "
+              f"{r.get('tokens_per_s_base', 0):.1f} tok/s)")
+        print(f"lossless = {r['lossless']}")
+    html = run / "report" / "report.html"
+    print(f"report: {html if html.exists() else run / 'report'}")
+    return 0 if report.exists() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
