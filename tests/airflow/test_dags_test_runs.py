@@ -1,0 +1,85 @@
+"""Whole-DAG runs with real `airflow dags test` on a tiny random target:
+OOM retries that resume with an adapted batch, bad input that fails without a
+retry, and a re-run on changed data that redoes only what changed."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.airflow.conftest import airflow, airflow_env
+from tests.airflow.tiny_data import tiny_conf, write_dataset, write_tiny_manifest
+
+pytestmark = [pytest.mark.integration]
+
+
+def dags_test(home: Path, conf: dict, **env: str):
+    env = airflow_env(home, EAGLE3_RETRY_DELAY_S="1", EAGLE3_OOM_RETRY_DELAY_S="1", **env)
+    return airflow(home, "dags", "test", "eagle3_train", "-c", json.dumps(conf), env=env, check=False,
+                   timeout=1200)
+
+
+def task_instances(home: Path, run_id: str | None = None) -> dict[tuple[str, int], tuple[str, int]]:
+    """(task_id, map_index) -> (state, try_number) of the newest run."""
+    db = sqlite3.connect(home / "airflow.db")
+    if run_id is None:
+        run_id = db.execute("SELECT run_id FROM dag_run WHERE dag_id='eagle3_train' ORDER BY id DESC LIMIT 1"
+                            ).fetchone()[0]
+    rows = db.execute("SELECT task_id, map_index, state, try_number FROM task_instance "
+                      "WHERE dag_id='eagle3_train' AND run_id=?", (run_id,)).fetchall()
+    return {(t, m): (s, n) for t, m, s, n in rows}
+
+
+def newest_run_dir(root: Path) -> Path:
+    return max((root / "runs" / "eagle3_train").iterdir(), key=lambda p: p.stat().st_mtime)
+
+
+def test_injected_oom_retries_once_and_resumes_with_half_batch(airflow_home, tmp_path, tiny_llama_dir):
+    manifest = write_tiny_manifest(tmp_path / "data")
+    root = tmp_path / "artifacts"
+    conf = tiny_conf(manifest, tiny_llama_dir, str(root), token_budget=512, extract_shards=1)
+    proc = dags_test(airflow_home, conf, EAGLE3_INJECT_OOM_ABOVE_TOKENS="300")
+    tis = task_instances(airflow_home)
+    assert tis[("extract", 0)] == ("success", 2), (tis, proc.stdout[-3000:])
+    assert tis[("train", -1)] == ("success", 2), (tis, proc.stdout[-3000:])
+    assert tis[("evaluate", -1)][0] == "success", tis
+    run = newest_run_dir(root)
+    state = json.loads((run / "checkpoint" / "latest.json").read_text())
+    train_state = json.loads((run / "checkpoint" / state["step_dir"] / "train_state.json").read_text())
+    assert train_state["token_budget"] == 256 and train_state["grad_accum"] == 2, train_state
+
+
+def test_bad_input_fails_once_without_retry(airflow_home, tmp_path, tiny_llama_dir):
+    manifest = write_tiny_manifest(tmp_path / "data")
+    bad = tmp_path / "data" / "beta.jsonl"
+    bad.write_text("".join("{not json\n" for _ in range(20)))
+    conf = tiny_conf(manifest, tiny_llama_dir, str(tmp_path / "artifacts"))
+    dags_test(airflow_home, conf)
+    tis = task_instances(airflow_home)
+    assert tis[("tokenize", 1)] == ("failed", 1), tis
+    assert tis[("tokenize", 0)][0] == "success"
+    assert tis[("merge", -1)][0] == "upstream_failed"
+    rejects = (tmp_path / "artifacts" / "prepared" / "beta" / "rejects.jsonl").read_text().splitlines()
+    assert len(rejects) == 20 and json.loads(rejects[0])["line"] == 1
+
+
+def test_rerun_redoes_only_what_changed(airflow_home, tmp_path, tiny_llama_dir):
+    manifest = write_tiny_manifest(tmp_path / "data", n_per_dataset=30)
+    root = tmp_path / "artifacts"
+    conf = tiny_conf(manifest, tiny_llama_dir, str(root))
+    dags_test(airflow_home, conf)
+    first = task_instances(airflow_home)
+    assert first[("publish", -1)][0] in ("success", "skipped") and first[("report", -1)][0] == "success", first
+    first_extract = json.loads((newest_run_dir(root) / "report" / "reuse.json").read_text())
+    assert first_extract["extracted_samples"] > 0
+
+    write_dataset(tmp_path / "data" / "beta.jsonl", 40, seed=2)  # 30 old conversations + 10 new
+    dags_test(airflow_home, conf)
+    second = task_instances(airflow_home)
+    assert second[("report", -1)][0] == "success", second
+    reuse = json.loads((newest_run_dir(root) / "report" / "reuse.json").read_text())
+    assert reuse["tokenize"] == {"alpha": "reused", "beta": "tokenized"}, reuse
+    assert reuse["extracted_samples"] == 10, reuse
