@@ -1,0 +1,282 @@
+"""The regenerate stage: each ``regenerate: true`` dataset, answered again by the target.
+
+``regenerate(cfg)`` replays every conversation (see replay.py) through a
+backend (``openai``: an HTTP server; ``hf``: transformers in-process), appends
+each finished conversation to ``OUT/<dataset>/regenerated.jsonl``, writes
+``stats.json`` and ``errors.jsonl``, and writes ``OUT/manifest.yaml`` in which
+the regenerated datasets' sources are replaced, for the tokenize stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator
+
+from eagle3 import storage
+from eagle3.errors import Eagle3Error, InputError
+from eagle3.progress import Progress
+from eagle3.regenerate import output
+from eagle3.regenerate.conversations import BadRecord, Conversation, read_conversations
+from eagle3.regenerate.replay import Completion, RequestFailed, replay
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("hf", "openai")
+
+
+class TooManyErrors(Eagle3Error):
+    """More requests failed than ``max_error_share`` allows; a retry resumes where this run stopped."""
+
+
+@dataclass(frozen=True)
+class RegenerateConfig:
+    manifest: str
+    """The dataset manifest (YAML); datasets with ``regenerate: true`` are regenerated."""
+    out: str
+    """Output folder (local or s3://): ``<dataset>/regenerated.jsonl``, stats.json, errors.jsonl, manifest.yaml."""
+    backend: str = "hf"
+    """``hf`` (transformers, in-process; the embedded default) or ``openai`` (any /v1/chat/completions server)."""
+    model: str = "smollm2-135m-instruct"
+    """hf: model directory or alias. openai: the model name the server serves (sent as ``model``)."""
+    datasets: tuple[str, ...] = ()
+    """Only these datasets (each must have regenerate: true); empty means all that have it."""
+    base_url: str | None = None
+    """openai: server URL (``http://h:p`` or ``.../v1``); default $EAGLE3_OPENAI_BASE_URL, then $OPENAI_BASE_URL."""
+    api_key_env: str = "EAGLE3_OPENAI_API_KEY"
+    """openai: the environment variable holding the API key (the key itself is never in the config)."""
+    concurrency: int = 8
+    """openai: requests in flight. hf: the generate batch size."""
+    temperature: float = 0.0
+    """0 = greedy."""
+    top_p: float = 1.0
+    max_tokens: int = 512
+    """Most tokens per generated turn."""
+    seed: int | None = 0
+    """Sampling seed (sent to the server; seeds torch for hf)."""
+    timeout_s: float = 120.0
+    """openai: per-request timeout; a timeout is retried."""
+    max_retries: int = 6
+    """openai: retries of a request after a 429, 5xx, timeout or dropped connection."""
+    backoff_s: float = 0.5
+    """openai: first retry delay; doubles each retry (with jitter), capped at 30 s."""
+    max_error_share: float = 0.05
+    """Fail the dataset (TooManyErrors) when more than this share of its conversations failed."""
+    price_prompt_per_m: float = 0.0
+    """USD per million prompt tokens, for the cost estimate."""
+    price_completion_per_m: float = 0.0
+    """USD per million completion tokens."""
+    device: str = "cpu"
+    """hf: torch device (fp32 on cpu, bf16 on cuda)."""
+    answer_trailing: bool = True
+    """Also answer a conversation's last turn when it is a user/tool turn (prompt-only datasets)."""
+    restart: bool = False
+    """Discard earlier output of the selected datasets instead of resuming it."""
+    extra_body: dict | None = None
+    """openai: extra JSON fields for every request (e.g. OpenRouter ``provider`` routing)."""
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise InputError(f"regenerate: backend={self.backend!r} is not one of {', '.join(BACKENDS)}")
+        for name in ("concurrency", "max_tokens"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise InputError(f"regenerate: {name}={getattr(self, name)!r} must be a positive integer")
+        if self.max_retries < 0:
+            raise InputError(f"regenerate: max_retries={self.max_retries!r} must be >= 0")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise InputError(f"regenerate: temperature={self.temperature!r} must be >= 0 and "
+                             f"top_p={self.top_p!r} in (0, 1]")
+        if not 0 <= self.max_error_share <= 1:
+            raise InputError(f"regenerate: max_error_share={self.max_error_share!r} must be in [0, 1], e.g. 0.05")
+        if isinstance(self.datasets, str):
+            object.__setattr__(self, "datasets", (self.datasets,))
+
+    def settings(self) -> dict[str, Any]:
+        """What each output record says it was made with (these enter the tokenize fingerprint)."""
+        return {"backend": self.backend, "model": self.model, "temperature": self.temperature,
+                "top_p": self.top_p, "max_tokens": self.max_tokens, "seed": self.seed}
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.price_prompt_per_m + completion_tokens * self.price_completion_per_m) / 1e6
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"//[^/@]+@", "//***@", url)
+
+
+def _make_backend(cfg: RegenerateConfig, api_key: str | None):
+    sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens, seed=cfg.seed)
+    if cfg.backend == "hf":
+        from eagle3.regenerate.hf_backend import HFBackend
+
+        return HFBackend(cfg.model, batch_size=cfg.concurrency, device=cfg.device, **sampling)
+    from eagle3.regenerate.openai_backend import OpenAIBackend
+
+    base_url = cfg.base_url or os.environ.get("EAGLE3_OPENAI_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
+    if not base_url:
+        raise InputError("regenerate: backend openai needs a server URL: pass --base-url "
+                         "(e.g. http://127.0.0.1:30000/v1) or set EAGLE3_OPENAI_BASE_URL")
+    if api_key is None:
+        api_key = os.environ.get(cfg.api_key_env) or os.environ.get("OPENAI_API_KEY")
+    log.info("regenerate: openai backend at %s, model %s, %d in flight, key %s", _redact(base_url), cfg.model,
+             cfg.concurrency, "set" if api_key else "not set")
+    return OpenAIBackend(base_url, cfg.model, api_key, concurrency=cfg.concurrency, timeout_s=cfg.timeout_s,
+                         max_retries=cfg.max_retries, backoff_s=cfg.backoff_s, extra_body=cfg.extra_body,
+                         **sampling)
+
+
+class _Meter:
+    """Wraps a backend's complete(): counts what the server reported for every successful request."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.requests = self.prompt_tokens = self.completion_tokens = 0
+
+    async def complete(self, messages, tools) -> Completion:
+        c = await self.backend.complete(messages, tools)
+        self.requests += 1
+        self.prompt_tokens += c.prompt_tokens
+        self.completion_tokens += c.completion_tokens
+        return c
+
+
+def _record(conv: Conversation, spec_source: str, settings: dict, result) -> dict[str, Any]:
+    rec: dict[str, Any] = {"id": conv.id, "messages": result.messages}
+    if conv.tools:
+        rec["tools"] = conv.tools
+    rec["original_messages"] = conv.messages
+    rec["source"] = {"file": spec_source, "line": conv.line}
+    rec["regeneration"] = {**settings, "prompt_tokens": result.prompt_tokens,
+                           "completion_tokens": result.completion_tokens, "turns": result.turns}
+    if result.truncated:
+        rec["regeneration"]["truncated"] = result.truncated
+    return rec
+
+
+async def _run_dataset(cfg: RegenerateConfig, spec, backend) -> dict[str, Any]:
+    start = time.monotonic()
+    local = output.work_dir(cfg.out, spec.name)
+    local.mkdir(parents=True, exist_ok=True)
+    if not cfg.restart:
+        output.fetch_previous(local, cfg.out, spec.name)
+    records = output.RecordLog(local / output.RECORDS, cfg.settings(), restart=cfg.restart)
+    errors = output.ErrorLog(local / output.ERRORS, spec.source)
+    resumed = len(records.done)
+    meter = _Meter(backend)
+    todo: list[Conversation] = []
+    total = bad = 0
+    for line, item in read_conversations(spec.source, spec.format, spec.max_samples):
+        total += 1
+        if isinstance(item, BadRecord):
+            bad += 1
+            errors.add(line, None, str(item), kind="bad_record")
+        elif item.id not in records.done:
+            todo.append(item)
+    turns = sum(sum(m["role"] == "assistant" for m in c.messages) + 1 for c in todo)
+    progress = Progress(f"regenerate[{spec.name}]", total_samples=len(todo),
+                        total_tokens=turns * cfg.max_tokens)  # an upper bound: ETA is pessimistic
+    log.info("regenerate[%s]: %d conversations, %d already done, %d to do, %d bad records",
+             spec.name, total, resumed, len(todo), bad)
+    failed = 0
+    queue: Iterator[Conversation] = iter(todo)
+
+    async def worker() -> None:
+        nonlocal failed
+        for conv in queue:  # workers share one iterator: each conversation is taken once
+            try:
+                result = await replay(conv, meter.complete, cfg.answer_trailing)
+            except RequestFailed as e:
+                failed += 1
+                errors.add(conv.line, conv.id, e.reason, kind="request_failed", attempts=e.attempts)
+                continue
+            records.append(_record(conv, spec.source, cfg.settings(), result))
+            progress.update(samples=1, tokens=result.completion_tokens)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
+    finally:
+        errors.close()
+        wall = time.monotonic() - start
+        complete = len(records.done) + failed + bad == total
+        if complete and todo:
+            records.sort_by_source_line()
+        records.close()
+        stats = _stats(cfg, spec, records, total, resumed, bad, failed, meter, backend, wall, complete)
+        storage.write_json(str(local / output.STATS), stats)
+        output.publish(local, cfg.out, spec.name)
+    progress.finish()
+    log.info("regenerate[%s]: %d done (%d this run, %d resumed), %d failed, %d bad; this run %d requests "
+             "(%d retries), %d prompt + %d completion tokens, %.1f s, %.0f completion tok/s, $%.4f",
+             spec.name, len(records.done), len(records.done) - resumed, resumed, failed, bad, meter.requests,
+             backend.retries, meter.prompt_tokens, meter.completion_tokens, wall,
+             stats["this_run"]["completion_tokens_per_s"], stats["this_run"]["cost_usd"])
+    if not stats["passed"]:
+        raise TooManyErrors(
+            f"regenerate[{spec.name}]: {failed} of {total} conversations failed ({stats['error_share']:.1%} > "
+            f"max_error_share {cfg.max_error_share:.1%}); reasons in {storage.join(cfg.out, spec.name, 'errors.jsonl')}"
+            "; fix the server and run again (finished conversations are kept)")
+    return stats
+
+
+def _stats(cfg, spec, records, total, resumed, bad, failed, meter, backend, wall, complete) -> dict[str, Any]:
+    done = records.done.values()
+    prompt = sum(d["prompt_tokens"] for d in done)
+    completion = sum(d["completion_tokens"] for d in done)
+    error_share = failed / total if total else 0.0
+    return {
+        "dataset": spec.name, "source": spec.source, "output": storage.join(cfg.out, spec.name, output.RECORDS),
+        "format": "messages", "settings": cfg.settings(), "conversations": total, "done": len(records.done),
+        "resumed": resumed, "failed": failed, "bad_records": bad, "error_share": error_share,
+        "max_error_share": cfg.max_error_share, "passed": error_share <= cfg.max_error_share,
+        "complete": complete, "truncated": sum(d["truncated"] for d in done),
+        # Tokens held by the output file, summed from each record's server-reported usage.
+        "requests": sum(d["requests"] for d in done), "prompt_tokens": prompt, "completion_tokens": completion,
+        "cost_usd": cfg.cost(prompt, completion),
+        "prices_per_m": {"prompt": cfg.price_prompt_per_m, "completion": cfg.price_completion_per_m},
+        # What this run asked the server for, failed conversations' finished turns included (they were billed).
+        "this_run": {"requests": meter.requests, "attempts": backend.attempts, "retries": backend.retries,
+                     "prompt_tokens": meter.prompt_tokens, "completion_tokens": meter.completion_tokens,
+                     "cost_usd": cfg.cost(meter.prompt_tokens, meter.completion_tokens), "wall_s": round(wall, 3),
+                     "completion_tokens_per_s": meter.completion_tokens / wall if wall > 0 else 0.0},
+    }
+
+
+def _selected(cfg: RegenerateConfig):
+    from eagle3.tokenize.manifest import load_manifest
+
+    specs = load_manifest(cfg.manifest)
+    by_name = {s.name: s for s in specs}
+    for name in cfg.datasets:
+        if name not in by_name:
+            raise InputError(f"regenerate: dataset {name!r} is not in {cfg.manifest}; "
+                             f"it has {', '.join(by_name)}")
+        if not by_name[name].regenerate:
+            raise InputError(f"{cfg.manifest}: dataset {name!r} has no 'regenerate: true'; set it there first")
+    return [s for s in specs if s.regenerate and (not cfg.datasets or s.name in cfg.datasets)]
+
+
+async def _run_all(cfg: RegenerateConfig, specs, api_key: str | None) -> dict[str, Any]:
+    results = {}
+    async with _make_backend(cfg, api_key) as backend:
+        for spec in specs:
+            results[spec.name] = await _run_dataset(cfg, spec, backend)
+    return results
+
+
+def regenerate(cfg: RegenerateConfig, api_key: str | None = None) -> dict[str, Any]:
+    """Regenerate the selected datasets; returns ``{"manifest": derived manifest URI, "datasets": {name: stats}}``.
+
+    ``api_key`` (openai) overrides the environment variable named by ``cfg.api_key_env``;
+    pass it from an Airflow connection. It is never logged or written.
+    """
+    specs = _selected(cfg)
+    if not specs:
+        log.warning("regenerate: no dataset in %s has regenerate: true; nothing to do", cfg.manifest)
+    results = asyncio.run(_run_all(cfg, specs, api_key)) if specs else {}
+    manifest = output.write_derived_manifest(cfg.manifest, cfg.out, output.completed_outputs(cfg.out))
+    log.info("regenerate: derived manifest for tokenize: %s", manifest)
+    return {"manifest": manifest, "datasets": results, "config": {**asdict(cfg), "extra_body": None}}

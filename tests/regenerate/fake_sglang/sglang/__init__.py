@@ -1,0 +1,1 @@
+"""A fake `sglang` package for tests: only `python -m sglang.launch_server` exists."""
