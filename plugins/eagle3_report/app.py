@@ -1,0 +1,80 @@
+"""The FastAPI app the plugin mounts at /eagle3 in the Airflow api-server.
+
+A mounted app gets no authentication from Airflow, so every route depends on
+`authorized`: it takes the caller's Airflow JWT (Authorization: Bearer, else the
+`_token` cookie the Airflow UI sets, which the UI's iframe sends along) and runs
+it through the api-server's own checks: `resolve_user_from_token` (the auth
+manager's get_user_from_token: signature, expiry, revocation) and
+`requires_access_dag("GET", DagAccessEntity.RUN)` (may this user read this DAG's
+runs). Missing token → 401, invalid → 403, no access → 403.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from eagle3 import storage
+
+from . import page, run_files
+
+
+def _token(request: Request) -> str | None:
+    """Bearer token if given (an explicit credential wins, as in Airflow's get_user), else the UI cookie."""
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return credentials.strip()
+    return request.cookies.get(COOKIE_NAME_JWT_TOKEN)
+
+
+async def authorized(request: Request) -> Any:
+    """The Airflow user behind the request, allowed to read runs of the DAG in the URL."""
+    # Imported here: the plugin module is loaded by every Airflow component, only the api-server serves it.
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag, resolve_user_from_token
+
+    user = await resolve_user_from_token(_token(request))
+    # The check reads the DAG's team from the DB; keep that off the event loop.
+    await run_in_threadpool(requires_access_dag("GET", DagAccessEntity.RUN), request, user)
+    return user
+
+
+app = FastAPI(title="EAGLE-3 report", dependencies=[Depends(authorized)], docs_url=None, redoc_url=None,
+              openapi_url=None)
+
+
+def _load(dag_id: str, run_id: str) -> dict:
+    try:
+        return run_files.load_run(dag_id, run_id)
+    except ValueError as e:
+        raise HTTPException(status_code=400, detail=str(e)) from e
+
+
+@app.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse)
+def report_page(dag_id: str, run_id: str, request: Request) -> HTMLResponse:
+    """One run's report page (the dag_run tab of the Airflow UI shows it in an iframe)."""
+    run = _load(dag_id, run_id)
+    return HTMLResponse(page.render(run, base_url=request.scope.get("root_path", "")))
+
+
+@app.get("/runs/{dag_id}/{run_id}/data")
+def report_data(dag_id: str, run_id: str) -> JSONResponse:
+    """The same content as JSON, for scripts."""
+    return JSONResponse(page.json_safe(_load(dag_id, run_id)))
+
+
+@app.get("/runs/{dag_id}/{run_id}/files/{folder}/{name}")
+def report_file(dag_id: str, run_id: str, folder: str, name: str) -> Response:
+    """A plot or report file of the run (only flat .png/.html/.json files of the served folders)."""
+    try:
+        uri, media_type = run_files.file_uri(dag_id, run_id, folder, name)
+    except ValueError as e:
+        raise HTTPException(status_code=400, detail=str(e)) from e
+    except FileNotFoundError as e:
+        raise HTTPException(status_code=404, detail=str(e)) from e
+    return Response(storage.read_bytes(uri), media_type=media_type, headers={"Cache-Control": "no-store"})

@@ -1,0 +1,61 @@
+"""Render one run (the dict from run_files.load_run) as a self-contained HTML page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import jinja2
+
+_TEMPLATES = Path(__file__).resolve().parent / "templates"
+# Columns shown first in the dataset table; other scalar columns follow, long hashes are left out.
+_FIRST = ["dataset", "category", "samples", "tokens", "loss_tokens", "rejected", "sample_share", "token_share",
+          "tokens_mean", "tokens_p50", "tokens_p95", "tokens_max", "capped_share", "reused", "flagged"]
+_HIDDEN = {"fingerprint", "tokenizer_fingerprint", "source_uri", "reject_reasons", "name"}
+
+
+def fmt(value: Any) -> str:
+    """Numbers people can read: thousands separators, 4 significant digits for floats."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    if value is None:
+        return "—"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def dataset_columns(rows: list[dict]) -> list[str]:
+    seen = {k for r in rows for k, v in r.items() if not isinstance(v, (dict, list))} - _HIDDEN
+    return [c for c in _FIRST if c in seen] + sorted(seen - set(_FIRST))
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["fmt"] = fmt
+    return env
+
+
+def render(run: dict, base_url: str) -> str:
+    """The page; `base_url` is where the app is mounted (e.g. /eagle3), used for the plot URLs."""
+    prefix = f"{base_url.rstrip('/')}/runs/{quote(run['dag_id'], safe='')}/{quote(run['run_id'], safe='')}/files"
+    datasets = run["datasets"]
+    flagged_names = {f["dataset"] for f in (datasets or {}).get("flagged", [])}
+    return _env().get_template("report.html.j2").render(
+        run=run, files_url=prefix,
+        dataset_cols=dataset_columns(datasets["rows"]) if datasets else [],
+        flagged_names=flagged_names,
+        report_json=json.dumps(run["report"], indent=2, default=str)[:20000] if run["report"] else "",
+    )
+
+
+def json_safe(value: Any) -> Any:
+    """The run dict with tuples as lists and unknown objects as strings."""
+    return json.loads(json.dumps(value, default=str))
