@@ -32,6 +32,7 @@ import torch
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 TOPK = 16
+_LOGIT_ROWS = 1024  # rows of [rows, V] logits computed at once for top-k
 
 #: option name -> what it stores for the target distribution
 OPTIONS = {
@@ -100,9 +101,14 @@ def encode(storage: str, aux: torch.Tensor, last: torch.Tensor, lm_head=None, to
         return out
     if lm_head is None:
         raise ValueError("storage 'fp8-topk' needs the target's lm_head to compute top-k log-probs")
-    logprobs = torch.log_softmax(lm_head(last).float(), dim=-1)
-    values, ids = logprobs.topk(topk, dim=-1)
-    out.update(topk_ids=ids.to(torch.int32).cpu(), topk_logprobs=values.to(torch.float16).cpu())
+    # Logits of a whole batch ([T, V] fp32) can take gigabytes: go in row chunks.
+    ids, values = [], []
+    for rows in last.split(_LOGIT_ROWS):
+        logprobs = torch.log_softmax(lm_head(rows).float(), dim=-1)
+        v, i = logprobs.topk(topk, dim=-1)
+        ids.append(i.to(torch.int32).cpu())
+        values.append(v.to(torch.float16).cpu())
+    out.update(topk_ids=torch.cat(ids), topk_logprobs=torch.cat(values))
     return out
 
 

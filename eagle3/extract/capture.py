@@ -1,0 +1,89 @@
+"""Run the target on a padded batch and capture aux-layer outputs and the final-norm hidden state.
+
+Facts checked against transformers 5.24 (tests/extract/test_capture.py):
+``output_hidden_states`` gives L+1 entries; entry 0 is the embedding output and
+entry i+1 is the output of decoder layer i, except the LAST entry, which is
+``last_hidden_state`` — already passed through the final norm (``model.model.norm``),
+i.e. exactly what feeds lm_head. So aux layer i is ``hidden_states[i+1]`` for
+i < L-1, and ``last`` is ``last_hidden_state``. Selecting indices (a list for
+``output_hidden_states``) keeps only those layers alive, which saves memory.
+
+We call the base model (not the LM head model): logits over padding would cost
+2·H·V FLOPs per padded token for nothing; the ``fp8-topk`` option applies
+lm_head to real tokens only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from eagle3.errors import InputError
+from eagle3.target import default_aux_layers, load_model
+
+log = logging.getLogger(__name__)
+
+#: fault injector: raise torch.OutOfMemoryError when a batch holds more than this many (padded) tokens
+INJECT_OOM_ENV = "EAGLE3_INJECT_OOM_ABOVE_TOKENS"
+
+
+def is_oom(exc: BaseException) -> bool:
+    """A CUDA (or injected) out-of-memory error."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc))
+
+
+class TargetCapture:
+    """The target model, ready to return per-token features of real tokens."""
+
+    def __init__(self, model: str, device: str = "cpu", layers: list[int] | None = None):
+        self.device = device
+        self.model = load_model(model, device)  # fp32 on CPU, bf16 on CUDA
+        self.base = getattr(self.model, self.model.base_model_prefix)
+        cfg = self.model.config
+        self.num_layers = cfg.num_hidden_layers
+        self.hidden_size = cfg.hidden_size
+        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.layers = list(layers) if layers else default_aux_layers(self.num_layers)
+        bad = [i for i in self.layers if not 0 <= i < self.num_layers - 1]
+        if bad or len(self.layers) != 3:
+            raise InputError(
+                f"aux layers {self.layers}: need 3 layer ids in [0, {self.num_layers - 2}] for a "
+                f"{self.num_layers}-layer target (the last layer's output is the normed `last`); "
+                f"the default is {default_aux_layers(self.num_layers)}")
+
+    def params(self) -> int:
+        """Parameters the forward pass multiplies with (no embedding lookup, no lm_head)."""
+        emb = self.model.get_input_embeddings().weight.numel()
+        return sum(p.numel() for p in self.base.parameters()) - emb
+
+    @torch.inference_mode()
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(hidden)
+
+    @torch.inference_mode()
+    def forward(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Right-padded forward pass.
+
+        Returns (aux [ΣT, 3H], last [ΣT, H], lengths) for the real tokens only,
+        samples in the given order (on the model's device and dtype).
+        """
+        lengths = [len(s) for s in seqs]
+        width = max(lengths)
+        limit = os.environ.get(INJECT_OOM_ENV)
+        if limit and len(seqs) * width > int(limit):
+            raise torch.OutOfMemoryError(
+                f"injected by {INJECT_OOM_ENV}={limit}: batch of {len(seqs)}x{width} tokens")
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        mask = torch.zeros(len(seqs), width, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = torch.as_tensor(s, dtype=torch.long)
+            mask[i, :len(s)] = 1  # right padding: positions 0..n-1 are the same as unpadded
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        out = self.base(input_ids=ids, attention_mask=mask, use_cache=False,
+                        output_hidden_states=[i + 1 for i in self.layers])
+        keep = mask.bool()
+        aux = torch.cat([out.hidden_states[i + 1][keep] for i in self.layers], dim=-1)
+        return aux, out.last_hidden_state[keep], lengths

@@ -1,0 +1,244 @@
+"""The extract stage: run the target over the merged dataset and fill the hidden-state store.
+
+One call handles one task (``shard="I/N"``): it takes its 1/N of the samples,
+skips every sample id any index of the store already lists (incremental, and
+resume after a crash), plans shards and batches deterministically
+(:mod:`eagle3.extract.plan`), prints an estimate of hours and bytes, then
+extracts shard by shard; each shard is published atomically and then added to
+``index-<task>.json``. After an out-of-memory it halves the token budget,
+writes it to ``adapt-<task>.json`` and raises GpuOutOfMemory; the next run
+starts from that budget.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from eagle3 import storage as st
+from eagle3.errors import GpuOutOfMemory, InputError
+from eagle3.extract import codec
+from eagle3.extract.plan import (Sample, cut_batches, cut_shards, in_task, order, padding_share, parse_shard,
+                                 task_name)
+
+log = logging.getLogger(__name__)
+
+SLOW_SHARD_ENV = "EAGLE3_EXTRACT_SLOW_SHARD_S"  # test hook: sleep before publishing each shard
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    merged: str
+    """Merged folder (holding train.parquet) or the train.parquet itself; local or s3://."""
+    model: str
+    """Target: HF causal-LM directory, s3:// prefix, or the alias smollm2-135m-instruct."""
+    out: str
+    """Store root; the store goes into <out>/<model_fp>-L<a>_<b>_<c>-<storage>/."""
+    shard: str = "0/1"
+    """This task's part, I/N: takes the samples whose id hash is I mod N."""
+    layers: tuple[int, ...] | None = None
+    """Aux layer ids (3); None: [1, L/2-1, L-4]."""
+    storage: str = "bf16"
+    """Storage option: bf16 (8H bytes/token), fp8 (4H+8) or fp8-topk (3H+102); see eagle3.extract.codec."""
+    token_budget: int = 8192
+    """Padded tokens per forward pass (batch size x longest sample). Halved after an OOM."""
+    shard_mb: int = 256
+    """Target shard size in MiB (of per-token payload)."""
+    device: str = "auto"
+    """cpu, cuda, or auto (cuda when a GPU is visible)."""
+    tokens_per_s: float | None = None
+    """Throughput for the up-front estimate; None: measured on the first batch."""
+    lease_root: str | None = None
+    """Folder of the GPU lease lock files (eagle3.devices); None: $EAGLE3_LEASE_DIR or /tmp/eagle3-gpu-leases."""
+    progress_every_s: float = 10.0
+    """Seconds between progress lines."""
+
+    def __post_init__(self):
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
+        codec.check_option(self.storage)
+        parse_shard(self.shard)
+        if self.token_budget < 1 or self.shard_mb < 1:
+            raise InputError(f"token_budget={self.token_budget}, shard_mb={self.shard_mb}: both must be >= 1")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise InputError(f"device={self.device!r}: use cpu, cuda or auto")
+
+
+def read_merged(uri: str) -> list[Sample]:
+    """Samples of MERGED/train.parquet (columns id, input_ids, loss_mask), duplicates dropped."""
+    import pyarrow.parquet as pq
+
+    path = uri if uri.endswith(".parquet") else st.join(uri, "train.parquet")
+    if not st.exists(path):
+        raise InputError(f"merged dataset {path} not found; run `eagle3 merge --out {uri}` first")
+    table = pq.read_table(st.local_path(path), columns=["id", "input_ids", "loss_mask"])
+    seen, out = set(), []
+    for sid, ids, mask in zip(*(table.column(c).to_pylist() for c in ("id", "input_ids", "loss_mask"))):
+        if len(ids) != len(mask) or not ids:
+            raise InputError(f"sample {sid}: {len(ids)} input_ids vs {len(mask)} loss_mask entries "
+                             "(must be equal and > 0); re-run merge", file=path)
+        if sid not in seen:
+            seen.add(sid)
+            out.append(Sample(sid, ids, mask))
+    return out
+
+
+def _resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    from eagle3.devices import visible_devices
+
+    return "cuda" if visible_devices() else "cpu"
+
+
+def _clean_stale_tmp(uri: str, task: str) -> None:
+    """A killed run may leave half-written temp files of this task; drop them."""
+    if not st.is_s3(uri):
+        for p in glob.glob(os.path.join(uri, f".shard-{task}-*.tmp")) + glob.glob(
+                os.path.join(uri, f".index-{task}.json.*.tmp")):
+            os.unlink(p)
+
+
+def extract(cfg: ExtractConfig) -> dict:
+    """Run one extraction task; returns a JSON-able summary."""
+    from eagle3.devices import lease_device
+
+    device = _resolve_device(cfg.device)
+    with lease_device(1 if device.startswith("cuda") else 0, root=cfg.lease_root) as leased:
+        if device == "cuda" and leased != "cpu":
+            import torch
+
+            # A process that already set up CUDA keeps its device list; a fresh one sees only the lease.
+            device = f"cuda:{leased[0]}" if torch.cuda.is_initialized() else "cuda:0"
+        return _extract_on(cfg, device)
+
+
+def _extract_on(cfg: ExtractConfig, device: str) -> dict:
+    from eagle3.extract.capture import TargetCapture, is_oom
+    from eagle3.extract.store import StoreWriter
+    from eagle3.progress import Progress
+    from eagle3.target import model_fingerprint, resolve_model
+
+    start = time.monotonic()
+    index, count = parse_shard(cfg.shard)
+    task = task_name(index, count)
+    mine = [s for s in read_merged(cfg.merged) if in_task(s.id, index, count)]
+    cap = TargetCapture(cfg.model, device, list(cfg.layers) if cfg.layers else None)
+    writer = StoreWriter(cfg.out, model_fp=model_fingerprint(resolve_model(cfg.model)), model_name=cfg.model,
+                         layers=cap.layers, hidden_size=cap.hidden_size, vocab_size=cap.vocab_size,
+                         storage=cfg.storage, task=task).open()
+    _clean_stale_tmp(writer.uri, task)
+    done = writer.done_ids()
+    todo = order([s for s in mine if s.id not in done])
+    budget = cfg.token_budget
+    if st.exists(writer.adapt_path()):
+        adapted = int(st.read_json(writer.adapt_path())["token_budget"])
+        if adapted < budget:
+            log.info("token budget %d from %s (after an out-of-memory), not %d", adapted, writer.adapt_path(), budget)
+            budget = adapted
+    bpt = codec.bytes_per_token(cfg.storage, cap.hidden_size)
+    shards = cut_shards(todo, max(1, cfg.shard_mb * 2**20 // bpt))
+    plan = [cut_batches(sh, budget) for sh in shards]
+    real, padded = padding_share([b for batches in plan for b in batches])
+    summary = {
+        "store": writer.uri, "task": task, "device": device, "storage": cfg.storage, "layers": cap.layers,
+        "samples_in_task": len(mine), "samples_skipped": len(mine) - len(todo), "samples_extracted": 0,
+        "tokens": 0, "shards_written": 0, "bytes_written": 0, "bytes_per_token": bpt, "token_budget": budget,
+        "padding_share": round(1 - real / padded, 4) if padded else 0.0,
+    }
+    log.info("extract %s: %d samples in this task, %d already stored, %d to do (%d tokens) in %d shards; "
+             "padding %.1f%% of %d padded tokens at budget %d", task, len(mine), summary["samples_skipped"],
+             len(todo), real, len(shards), 100 * summary["padding_share"], padded, budget)
+    progress = Progress("extract", len(todo), real, every_s=cfg.progress_every_s, logger=log)
+    forward_s, estimated = 0.0, False
+    if cfg.tokens_per_s and todo:  # known throughput: estimate before any work
+        summary["estimate"] = _estimate(cfg, real, len(todo), bpt, cfg.tokens_per_s)
+        estimated = True
+    slow = float(os.environ.get(SLOW_SHARD_ENV, "0") or 0)
+    for batches in plan:
+        items = []
+        for batch in batches:
+            t0 = time.monotonic()
+            try:
+                aux, last, lengths = cap.forward([s.input_ids for s in batch])
+                feats = codec.encode(cfg.storage, aux, last, lm_head=cap.lm_head)
+            except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+                if not is_oom(e):
+                    raise
+                _persist_halved_budget(writer.adapt_path(), budget, batch, e)
+                raise GpuOutOfMemory(
+                    f"out of memory on a batch of {len(batch)}x{max(lengths_of(batch))} tokens at budget {budget}; "
+                    f"budget {max(1, budget // 2)} saved in {writer.adapt_path()}, re-run to resume") from e
+            forward_s += time.monotonic() - t0
+            pos = 0
+            for s, n in zip(batch, lengths):
+                items.append({"id": s.id, "input_ids": _ints(s.input_ids), "loss_mask": _bytes(s.loss_mask),
+                              "tensors": {k: v[pos:pos + n] for k, v in feats.items()}})
+                pos += n
+            if not estimated:
+                estimated = True
+                summary["estimate"] = _estimate(cfg, real, len(todo), bpt, pos / max(forward_s, 1e-9))
+            progress.update(len(batch), pos)
+        if slow:
+            time.sleep(slow)
+        entry = writer.write_shard(items)
+        summary["shards_written"] += 1
+        summary["samples_extracted"] += entry["samples"]
+        summary["tokens"] += entry["tokens"]
+    if todo:
+        progress.finish()
+    else:
+        log.info("extract %s: nothing to do, all %d samples are stored", task, len(mine))
+    summary["bytes_written"] = summary["tokens"] * bpt
+    summary["seconds"] = round(time.monotonic() - start, 3)
+    summary["tokens_per_s"] = round(summary["tokens"] / forward_s, 1) if forward_s else None
+    return summary
+
+
+def lengths_of(batch: list[Sample]) -> list[int]:
+    return [s.num_tokens for s in batch]
+
+
+def _ints(values):
+    import torch
+
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def _bytes(values):
+    import torch
+
+    return torch.tensor(values, dtype=torch.uint8)
+
+
+def _estimate(cfg: ExtractConfig, tokens: int, samples: int, bpt: int, measured_tok_s: float) -> dict:
+    """Hours and bytes for the whole task, logged before the bulk of the work (the seed's
+    72 h / 924 GB would have shown up here)."""
+    tok_s = cfg.tokens_per_s or measured_tok_s
+    est = {"tokens": tokens, "bytes": tokens * bpt + 8 * (samples + 1), "tokens_per_s": round(tok_s, 1),
+           "hours": round(tokens / tok_s / 3600, 3) if tok_s else None,
+           "tokens_per_s_source": "parameter" if cfg.tokens_per_s else "first batch"}
+    log.info("extract estimate: %d tokens x %d bytes/token = %.2f GB; at %.0f tok/s (%s) about %.2f h",
+             tokens, bpt, est["bytes"] / 1e9, tok_s, est["tokens_per_s_source"], est["hours"] or 0)
+    free = st.free_bytes(cfg.out)
+    if free is not None and est["bytes"] > free:
+        raise InputError(f"the store needs about {est['bytes'] / 1e9:.1f} GB but {cfg.out} has "
+                         f"{free / 1e9:.1f} GB free; free space, pick a compact --storage, or use s3://")
+    return est
+
+
+def _persist_halved_budget(path: str, budget: int, batch: list[Sample], err: BaseException) -> None:
+    st.write_json(path, {"token_budget": max(1, budget // 2), "previous_token_budget": budget,
+                         "failed_batch": f"{len(batch)}x{max(lengths_of(batch))}", "error": str(err)[:300]})
+
+
+def config_from_dict(data: dict) -> ExtractConfig:
+    from eagle3.config import from_dict
+
+    return from_dict(ExtractConfig, data, "extract")
+
+
+__all__ = ["ExtractConfig", "extract", "read_merged", "config_from_dict"]

@@ -1,0 +1,85 @@
+"""Target capture: which hidden state is which in transformers 5.24, padding, layer checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle3.errors import InputError
+from eagle3.extract.capture import TargetCapture, is_oom
+
+
+@pytest.fixture(scope="module")
+def cap(tiny_llama_dir):
+    return TargetCapture(tiny_llama_dir, "cpu")
+
+
+def _hooked(cap, seq):
+    """Outputs of every decoder layer, captured by forward hooks (independent of hidden_states)."""
+    outs, hooks = {}, []
+    for i, layer in enumerate(cap.base.layers):
+        hooks.append(layer.register_forward_hook(
+            lambda m, a, o, i=i: outs.__setitem__(i, (o[0] if isinstance(o, tuple) else o).detach())))
+    try:
+        with torch.no_grad():
+            full = cap.base(input_ids=torch.tensor([seq]), output_hidden_states=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    return outs, full
+
+
+def test_default_layers_and_fp32_on_cpu(cap):
+    assert cap.num_layers == 8 and cap.layers == [1, 3, 4]
+    assert next(cap.model.parameters()).dtype == torch.float32
+
+
+def test_last_hidden_state_entry_is_already_final_normed(cap):
+    seq = list(range(5, 30))
+    outs, full = _hooked(cap, seq)
+    pre_norm = outs[cap.num_layers - 1]
+    # transformers 5.24: hidden_states[-1] is last_hidden_state = norm(output of the last layer)
+    assert torch.equal(full.hidden_states[-1], full.last_hidden_state)
+    assert torch.allclose(full.hidden_states[-1], cap.base.norm(pre_norm), atol=1e-6)
+    assert not torch.allclose(full.hidden_states[-1], pre_norm, atol=1e-3)
+    # ...while hidden_states[i+1] is the raw output of layer i for the others
+    for i in range(cap.num_layers - 1):
+        assert torch.equal(full.hidden_states[i + 1], outs[i])
+    aux, last, lengths = cap.forward([seq])
+    assert lengths == [len(seq)]
+    assert torch.allclose(last, cap.base.norm(pre_norm)[0], atol=1e-6)
+    assert torch.equal(aux, torch.cat([outs[i][0] for i in cap.layers], dim=-1))
+    # and `last` is what feeds lm_head: the model's own logits come from it
+    with torch.no_grad():
+        logits = cap.model(input_ids=torch.tensor([seq])).logits[0]
+    assert torch.allclose(cap.lm_head(last), logits, atol=1e-5)
+
+
+def test_right_padded_batch_matches_single_samples(cap):
+    seqs = [list(range(3, 3 + n)) for n in (7, 31, 18)]
+    aux, last, lengths = cap.forward(seqs)
+    assert aux.shape == (56, 3 * cap.hidden_size) and last.shape == (56, cap.hidden_size)  # no padding rows
+    pos = 0
+    for s in seqs:
+        a1, l1, _ = cap.forward([s])
+        assert torch.allclose(aux[pos:pos + len(s)], a1, atol=1e-5)
+        assert torch.allclose(last[pos:pos + len(s)], l1, atol=1e-5)
+        pos += len(s)
+
+
+def test_layer_override_and_bad_layers(tiny_llama_dir):
+    assert TargetCapture(tiny_llama_dir, "cpu", [0, 2, 6]).layers == [0, 2, 6]
+    with pytest.raises(InputError, match="aux layers"):
+        TargetCapture(tiny_llama_dir, "cpu", [1, 2, 7])  # layer 7's output is the normed `last`
+    with pytest.raises(InputError, match="aux layers"):
+        TargetCapture(tiny_llama_dir, "cpu", [1, 2])
+
+
+def test_injected_oom(cap, monkeypatch):
+    monkeypatch.setenv("EAGLE3_INJECT_OOM_ABOVE_TOKENS", "20")
+    cap.forward([[5] * 10, [6] * 10])  # 2x10 = 20 tokens: allowed
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        cap.forward([[5] * 10, [6] * 11])
+    assert is_oom(info.value)
+    assert is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not is_oom(RuntimeError("shape mismatch"))

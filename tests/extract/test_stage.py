@@ -1,0 +1,115 @@
+"""The extract stage in-process on the tiny model: content, incremental runs, task split, estimate."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from eagle3.errors import InputError
+from eagle3.extract.capture import TargetCapture
+from eagle3.extract.stage import ExtractConfig, extract
+from eagle3.extract.store import HiddenStateStore, target_logprobs
+
+from extract_testdata import make_samples, write_merged
+
+
+def _cfg(merged, model, out, **kw):
+    return ExtractConfig(merged=merged, model=model, out=str(out), device="cpu", token_budget=256, shard_mb=1,
+                         progress_every_s=0, **kw)
+
+
+def test_store_holds_exact_real_tokens_matching_single_sample_forward(tmp_path, tiny_llama_dir, caplog):
+    samples = make_samples(20, seed=2)
+    merged = write_merged(tmp_path / "m", samples)
+    with caplog.at_level(logging.INFO):
+        summary = extract(_cfg(merged, tiny_llama_dir, tmp_path / "store"))
+    assert summary["samples_extracted"] == 20 and summary["samples_skipped"] == 0
+    assert summary["tokens"] == sum(len(s["input_ids"]) for s in samples)  # padding never stored
+    assert 0 <= summary["padding_share"] < 0.5
+    assert "extract estimate:" in caplog.text and "tok/s" in caplog.text and "ETA" in caplog.text
+    store = HiddenStateStore(str(tmp_path / "store"))
+    assert sorted(store.sample_ids()) == sorted(s["id"] for s in samples)
+    assert store.layers == [1, 3, 4] and store.verify() == []
+    cap = TargetCapture(tiny_llama_dir, "cpu")
+    for s in samples[:4]:
+        got = store.get(s["id"])
+        assert got["input_ids"].tolist() == s["input_ids"] and got["loss_mask"].tolist() == s["loss_mask"]
+        aux, last, _ = cap.forward([s["input_ids"]])
+        assert torch.allclose(got["aux"].float(), aux, rtol=2e-2, atol=2e-2)
+        assert torch.allclose(got["last"].float(), last, rtol=2e-2, atol=2e-2)
+
+
+def test_incremental_run_extracts_only_the_new_dataset(tmp_path, tiny_llama_dir):
+    first, added = make_samples(12, seed=3), make_samples(7, seed=4)
+    out = tmp_path / "store"
+    extract(_cfg(write_merged(tmp_path / "m1", first), tiny_llama_dir, out))
+    summary = extract(_cfg(write_merged(tmp_path / "m2", first + added), tiny_llama_dir, out))
+    assert summary["samples_extracted"] == 7 and summary["samples_skipped"] == 12
+    assert summary["tokens"] == sum(len(s["input_ids"]) for s in added)
+    assert len(HiddenStateStore(str(out))) == 19
+    again = extract(_cfg(write_merged(tmp_path / "m2", first + added), tiny_llama_dir, out))
+    assert again["samples_extracted"] == 0 and again["shards_written"] == 0
+
+
+def test_tasks_split_the_work_and_write_their_own_files(tmp_path, tiny_llama_dir):
+    samples = make_samples(16, seed=5)
+    merged, out = write_merged(tmp_path / "m", samples), tmp_path / "store"
+    parts = [extract(_cfg(merged, tiny_llama_dir, out, shard=f"{i}/2")) for i in range(2)]
+    assert sum(p["samples_extracted"] for p in parts) == 16 and all(p["samples_extracted"] for p in parts)
+    store = HiddenStateStore(str(out))
+    names = sorted(n.name for n in (out / store.uri.rsplit("/", 1)[1]).iterdir())
+    assert "index-0of2.json" in names and "index-1of2.json" in names
+    assert {s.split("-")[1] for s in store.shards} == {"0of2", "1of2"}
+    assert sorted(store.sample_ids()) == sorted(s["id"] for s in samples)
+    # a single task afterwards finds everything stored
+    assert extract(_cfg(merged, tiny_llama_dir, out))["samples_extracted"] == 0
+
+
+def test_layer_override_keys_the_store(tmp_path, tiny_llama_dir, merged_small):
+    summary = extract(_cfg(merged_small, tiny_llama_dir, tmp_path / "s", layers=(0, 2, 5)))
+    assert summary["store"].endswith("-L0_2_5-bf16")
+    assert HiddenStateStore(summary["store"]).layers == [0, 2, 5]
+
+
+def test_fp8_topk_store_rebuilds_the_target_argmax(tmp_path, tiny_llama_dir):
+    samples = make_samples(6, seed=6)
+    summary = extract(_cfg(write_merged(tmp_path / "m", samples), tiny_llama_dir, tmp_path / "s",
+                           storage="fp8-topk"))
+    assert summary["bytes_per_token"] == 3 * 64 + 6 + 16 * 6 + 5
+    store = HiddenStateStore(summary["store"])
+    cap = TargetCapture(tiny_llama_dir, "cpu")
+    s = samples[0]
+    got = store.get(s["id"])
+    assert "last" not in got
+    with torch.no_grad():
+        logits = cap.model(input_ids=torch.tensor([s["input_ids"]])).logits[0]
+    logp = target_logprobs(got, cap.model.lm_head.weight)
+    assert torch.equal(logp.argmax(-1), logits.argmax(-1))
+
+
+def test_estimate_refuses_a_store_that_cannot_fit(tmp_path, tiny_llama_dir, merged_small, monkeypatch):
+    from eagle3 import storage
+
+    monkeypatch.setattr(storage, "free_bytes", lambda uri: 1000)
+    with pytest.raises(InputError, match="GB free"):
+        extract(_cfg(merged_small, tiny_llama_dir, tmp_path / "s", tokens_per_s=1000.0))
+
+
+def test_s3_store(s3_bucket, tmp_path, tiny_llama_dir, merged_small):
+    summary = extract(_cfg(merged_small, tiny_llama_dir, f"{s3_bucket}/store", storage="fp8"))
+    assert summary["store"].startswith("s3://")
+    store = HiddenStateStore(f"{s3_bucket}/store")
+    assert len(store) == 24 and store.verify() == []
+
+
+def test_bad_config_is_refused(tmp_path):
+    with pytest.raises(InputError, match="storage"):
+        ExtractConfig(merged="m", model="x", out="o", storage="int4")
+    with pytest.raises(InputError, match="--shard"):
+        ExtractConfig(merged="m", model="x", out="o", shard="2/2")
+    from eagle3.extract.stage import config_from_dict
+
+    with pytest.raises(InputError, match="unknown key"):
+        config_from_dict({"merged": "m", "model": "x", "out": "o", "batch": 3})
