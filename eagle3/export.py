@@ -1,0 +1,232 @@
+"""Write a trained draft as the directory SGLang loads with
+`--speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFT`.
+
+    eagle3 export --checkpoint CKPT --out DRAFT [--step N] [--dtype bfloat16]
+
+CKPT is the trainer's checkpoint folder (latest.json -> step-<n>/ with
+model.safetensors + config.json), or one step folder. DRAFT gets exactly two
+files: config.json (`LlamaForCausalLMEagle3`, one layer, the target's shapes,
+`draft_vocab_size`, `eagle_config.eagle_aux_hidden_state_layer_ids`) and
+model.safetensors (fc, midlayer.*, norm, lm_head, d2t, t2d; no embed_tokens:
+SGLang reuses the target's embedding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from eagle3 import storage
+from eagle3.errors import InputError
+
+log = logging.getLogger(__name__)
+
+# Checkpoint tensor name -> the name SGLang's LlamaForCausalLMEagle3.load_weights
+# expects. The draft's modules already carry SGLang's names, so today this is an
+# identity map; it is still the one place that lists what must be exported, and
+# SGLang silently skips names it does not know, so nothing else may be written.
+WEIGHT_NAMES: dict[str, str] = {
+    "fc.weight": "fc.weight",
+    "midlayer.hidden_norm.weight": "midlayer.hidden_norm.weight",
+    "midlayer.input_layernorm.weight": "midlayer.input_layernorm.weight",
+    "midlayer.post_attention_layernorm.weight": "midlayer.post_attention_layernorm.weight",
+    "midlayer.self_attn.q_proj.weight": "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight": "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight": "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight": "midlayer.self_attn.o_proj.weight",
+    "midlayer.mlp.gate_proj.weight": "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight": "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight": "midlayer.mlp.down_proj.weight",
+    "norm.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+    "d2t": "d2t",
+    "t2d": "t2d",
+}
+REQUIRED_KEYS: list[str] = list(WEIGHT_NAMES.values())
+# Kept in their own dtype: SGLang computes hot tokens as d2t + arange (int64), t2d is a mask.
+INDEX_KEYS = ("d2t", "t2d")
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """What to export and where."""
+
+    checkpoint: str
+    """CKPT folder with latest.json, or a step-<n> folder (local or s3://)."""
+    out: str
+    """Destination DRAFT folder (local or s3://); its two files are replaced."""
+    step: int | None = None
+    """Export CKPT/step-<n> instead of the one latest.json points at."""
+    dtype: str = "bfloat16"
+    """Float dtype of the exported weights (config.json `torch_dtype`)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise InputError(f"export dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
+
+
+def resolve_step_dir(checkpoint: str, step: int | None = None) -> str:
+    """The step folder to read: CKPT/latest.json's `dir`, CKPT/step-<n>, or CKPT itself."""
+    if step is not None:
+        candidates = [n for n in storage.list_files(checkpoint) if n.endswith("/model.safetensors")]
+        for name in candidates:
+            folder = name.split("/")[0]
+            if folder.startswith("step-") and int(folder[5:]) == step:
+                return storage.join(checkpoint, folder)
+        raise InputError(f"{checkpoint} has no step-{step} folder with a model.safetensors; "
+                         f"found {sorted(c.split('/')[0] for c in candidates)}")
+    latest = storage.join(checkpoint, "latest.json")
+    if storage.exists(latest):
+        pointer = storage.read_json(latest)
+        if "dir" not in pointer:
+            raise InputError(f"{latest} has no 'dir' key (expected {{'step': n, 'dir': 'step-<n>'}})", file=latest)
+        step_dir = storage.join(checkpoint, pointer["dir"])
+        if storage.exists(storage.join(step_dir, "model.safetensors")):
+            return step_dir
+        # A kill while re-saving the same step leaves the pointer dangling for a
+        # moment (eagle3/train/checkpoint.py); the newest complete folder is it.
+        steps = sorted(n.split("/")[0] for n in storage.list_files(checkpoint)
+                       if n.startswith("step-") and n.endswith("/model.safetensors"))
+        if steps:
+            return storage.join(checkpoint, steps[-1])
+        raise InputError(f"{latest} points at {pointer['dir']!r}, which has no model.safetensors", file=latest)
+    if storage.exists(storage.join(checkpoint, "model.safetensors")):
+        return checkpoint
+    raise InputError(f"{checkpoint} is neither a checkpoint folder (no latest.json) nor a step folder "
+                     "(no model.safetensors); pass the train stage's --out folder")
+
+
+def read_checkpoint(step_dir: str):
+    """(DraftConfig, {name: tensor}) of one step folder."""
+    from safetensors.torch import load_file
+
+    from eagle3.draft.config import DraftConfig
+
+    cfg_uri = storage.join(step_dir, "config.json")
+    raw = storage.read_json(cfg_uri)
+    cfg = DraftConfig.from_dict(raw.get("draft", raw), where=cfg_uri)
+    tensors = load_file(storage.local_path(storage.join(step_dir, "model.safetensors")))
+    return cfg, tensors
+
+
+def export_tensors(state: dict[str, Any], dtype: str, where: str) -> dict[str, Any]:
+    """Rename to SGLang's names; refuse missing or unexpected tensors."""
+    import torch
+
+    missing = sorted(k for k in WEIGHT_NAMES if k not in state)
+    unexpected = sorted(k for k in state if k not in WEIGHT_NAMES)
+    if missing or unexpected:
+        raise InputError(
+            f"{where}: cannot export; missing tensors {missing}, unexpected tensors {unexpected}. "
+            f"An EAGLE3 draft needs exactly {sorted(WEIGHT_NAMES)} (embed_tokens must not be saved)"
+        )
+    out = {}
+    for src, dst in WEIGHT_NAMES.items():
+        t = state[src]
+        out[dst] = t.contiguous() if src in INDEX_KEYS else t.to(getattr(torch, dtype)).contiguous()
+    out["d2t"], out["t2d"] = out["d2t"].to(torch.int64), out["t2d"].to(torch.bool)
+    assert sorted(out) == sorted(REQUIRED_KEYS)
+    return out
+
+
+def sglang_config(cfg, dtype: str) -> dict[str, Any]:
+    """config.json for SGLang's LlamaForCausalLMEagle3.
+
+    `eagle_aux_hidden_state_layer_ids` holds the ids of the target layers whose
+    OUTPUT is captured, which is what ours mean (hidden_states[i+1] in HF
+    terms): SGLang adds 1 itself ("for the ith layer, it takes the output of
+    the (i-1)th layer", LlamaForCausalLM.set_eagle3_layers_to_capture), so the
+    values are written unchanged. Its default with no ids, [2, L/2, L-3] as
+    layer inputs, equals our default [1, L/2-1, L-4] as outputs.
+    `tie_word_embeddings` must be false: SGLang would otherwise use the
+    embedding as lm_head (SmolLM2 itself is tied).
+    """
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": dtype,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+            "use_aux_hidden_state": True,
+        },
+    }
+
+
+def export(cfg: ExportConfig) -> dict[str, Any]:
+    """Write DRAFT from the checkpoint; return a small summary."""
+    from safetensors.torch import save
+
+    step_dir = resolve_step_dir(cfg.checkpoint, cfg.step)
+    draft_cfg, state = read_checkpoint(step_dir)
+    tensors = export_tensors(state, cfg.dtype, storage.join(step_dir, "model.safetensors"))
+    blob = save(tensors, metadata={"format": "pt", "source": step_dir})
+    config = sglang_config(draft_cfg, cfg.dtype)
+    # Weights first, config last: a DRAFT with a config.json is complete.
+    sha = storage.write_bytes(storage.join(cfg.out, "model.safetensors"), blob)
+    storage.write_json(storage.join(cfg.out, "config.json"), config)
+    summary = {"out": cfg.out, "source": step_dir, "tensors": len(tensors), "bytes": len(blob),
+               "sha256": sha, "dtype": cfg.dtype, "draft_vocab_size": draft_cfg.draft_vocab_size,
+               "aux_layer_ids": list(draft_cfg.aux_layer_ids)}
+    log.info("exported %s -> %s (%d tensors, %.1f MB)", step_dir, cfg.out, len(tensors), len(blob) / 1e6)
+    return summary
+
+
+def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
+    """An Eagle3Draft (fp32) from an export's two files plus the target's embedding."""
+    import torch
+    from safetensors.torch import load_file
+
+    from eagle3.draft.config import DraftConfig
+    from eagle3.draft.model import Eagle3Draft
+
+    c = storage.read_json(storage.join(draft_dir, "config.json"))
+    if c.get("architectures") != ["LlamaForCausalLMEagle3"]:
+        raise InputError(f"{draft_dir}/config.json is not an EAGLE3 draft (architectures={c.get('architectures')})")
+    cfg = DraftConfig(
+        hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+        num_attention_heads=c["num_attention_heads"], num_key_value_heads=c["num_key_value_heads"],
+        head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+        rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_theta"], rope_scaling=c.get("rope_scaling"),
+        max_position_embeddings=c["max_position_embeddings"], vocab_size=c["vocab_size"],
+        draft_vocab_size=c["draft_vocab_size"],
+        aux_layer_ids=tuple(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+        hidden_act=c.get("hidden_act", "silu"),
+    )
+    raw = load_file(storage.local_path(storage.join(draft_dir, "model.safetensors")))
+    by_export_name = {v: k for k, v in WEIGHT_NAMES.items()}
+    state = {by_export_name.get(k, k): (v if k in INDEX_KEYS else v.float()) for k, v in raw.items()}
+    model = Eagle3Draft.from_state_dict(cfg, state, embed_weight.float())
+    return model.to(torch.device(device)).eval()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True, help="CKPT folder (latest.json) or a step folder")
+    parser.add_argument("--out", required=True, help="DRAFT folder to write (local or s3://)")
+    parser.add_argument("--step", type=int, default=None, help="export step-<n> instead of the latest")
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="weight dtype (default bfloat16)")
+
+
+def run(args: argparse.Namespace) -> int:
+    summary = export(ExportConfig(checkpoint=args.checkpoint, out=args.out, step=args.step, dtype=args.dtype))
+    print(json.dumps(summary, indent=2))
+    return 0

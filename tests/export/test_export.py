@@ -1,0 +1,116 @@
+"""Export: SGLang's file layout and names, refusal of bad tensors, reload reproduces the trainer's logits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from eagle3.errors import InputError
+from eagle3.export import REQUIRED_KEYS, ExportConfig, export, load_exported_draft
+from tests.draft.tiny import make_tiny_draft, tiny_batch
+from tests.export.checkpoint_folder import write_checkpoint
+
+SGLANG_NAMES = {
+    "fc.weight", "midlayer.hidden_norm.weight", "midlayer.input_layernorm.weight",
+    "midlayer.post_attention_layernorm.weight", "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight",
+    "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight",
+    "norm.weight", "lm_head.weight", "d2t", "t2d",
+}
+
+
+def _logits(model, batch):
+    with torch.no_grad():
+        return model.step(batch["input_ids"][:, 1:], batch["aux"][:, :-1],
+                          torch.arange(batch["input_ids"].shape[1] - 1).expand(2, -1))[0]
+
+
+def test_export_layout_and_config(tmp_path):
+    model = make_tiny_draft()
+    write_checkpoint(tmp_path / "ckpt", model)
+    summary = export(ExportConfig(checkpoint=str(tmp_path / "ckpt"), out=str(tmp_path / "draft")))
+    assert sorted(p.name for p in (tmp_path / "draft").iterdir()) == ["config.json", "model.safetensors"]
+    assert summary["tensors"] == 15 and summary["source"].endswith("step-00000005")
+    with safe_open(str(tmp_path / "draft" / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("t2d").dtype == torch.bool
+        assert f.get_tensor("fc.weight").dtype == torch.bfloat16
+        assert f.get_tensor("midlayer.self_attn.q_proj.weight").shape == (32, 64)  # 2H inputs
+    assert names == SGLANG_NAMES == set(REQUIRED_KEYS)
+    assert not any("embed" in n for n in names)
+    cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert cfg["eagle_config"]["use_aux_hidden_state"] is True
+    assert (cfg["vocab_size"], cfg["draft_vocab_size"], cfg["hidden_size"]) == (50, 20, 32)
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (4, 2, 8)
+    assert cfg["tie_word_embeddings"] is False and cfg["torch_dtype"] == "bfloat16"
+    assert {"rope_theta", "rms_norm_eps", "max_position_embeddings", "intermediate_size"} <= set(cfg)
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-6), ("bfloat16", 5e-2)])
+def test_reloaded_export_reproduces_trainer_logits(tmp_path, dtype, tol):
+    model = make_tiny_draft()
+    batch = tiny_batch(model.config, b=2, t=10)
+    write_checkpoint(tmp_path / "ckpt", model)
+    export(ExportConfig(checkpoint=str(tmp_path / "ckpt"), out=str(tmp_path / "draft"), dtype=dtype))
+    reloaded = load_exported_draft(str(tmp_path / "draft"), model.embed_weight)
+    assert torch.equal(reloaded.d2t, model.d2t) and torch.equal(reloaded.t2d, model.t2d)
+    torch.testing.assert_close(_logits(reloaded, batch), _logits(model, batch), rtol=tol, atol=tol)
+
+
+def test_export_refuses_missing_or_unexpected_tensors(tmp_path):
+    model = make_tiny_draft()
+    write_checkpoint(tmp_path / "extra", model, extra={"embed_tokens.weight": model.embed_weight})
+    with pytest.raises(InputError, match=r"unexpected tensors \['embed_tokens.weight'\]"):
+        export(ExportConfig(checkpoint=str(tmp_path / "extra"), out=str(tmp_path / "d1")))
+    folder = write_checkpoint(tmp_path / "missing", model)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    del state["midlayer.hidden_norm.weight"]
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(InputError, match="missing tensors .*hidden_norm"):
+        export(ExportConfig(checkpoint=str(tmp_path / "missing"), out=str(tmp_path / "d2")))
+    assert not (tmp_path / "d1").exists() and not (tmp_path / "d2").exists()  # nothing written
+
+
+def test_export_picks_step_and_rejects_bad_input(tmp_path):
+    a, b = make_tiny_draft(seed=1), make_tiny_draft(seed=2)
+    write_checkpoint(tmp_path / "ckpt", a, step=3)
+    write_checkpoint(tmp_path / "ckpt", b, step=9)  # latest
+    out = export(ExportConfig(checkpoint=str(tmp_path / "ckpt"), out=str(tmp_path / "d"), step=3, dtype="float32"))
+    assert out["source"].endswith("step-00000003")
+    assert torch.equal(load_exported_draft(str(tmp_path / "d"), a.embed_weight).fc.weight, a.fc.weight)
+    with pytest.raises(InputError, match="step-4"):
+        export(ExportConfig(checkpoint=str(tmp_path / "ckpt"), out=str(tmp_path / "d"), step=4))
+    with pytest.raises(InputError, match="neither a checkpoint folder"):
+        export(ExportConfig(checkpoint=str(tmp_path / "nothing"), out=str(tmp_path / "d")))
+    with pytest.raises(InputError, match="dtype"):
+        ExportConfig(checkpoint="x", out="y", dtype="int8")
+
+
+def test_cli_export_to_s3(tmp_path, s3_bucket):
+    from eagle3.cli import main
+    from eagle3 import storage
+
+    model = make_tiny_draft()
+    write_checkpoint(tmp_path / "ckpt", model)
+    assert main(["export", "--checkpoint", str(tmp_path / "ckpt"), "--out", f"{s3_bucket}/draft"]) == 0
+    assert storage.list_files(f"{s3_bucket}/draft") == ["config.json", "model.safetensors"]
+    reloaded = load_exported_draft(f"{s3_bucket}/draft", model.embed_weight)
+    assert torch.equal(reloaded.d2t, model.d2t)
+
+
+def test_export_reads_the_trainers_checkpoint_writer(tmp_path):
+    """The real writer (eagle3/train/checkpoint.py), not only the test helper."""
+    checkpoint = pytest.importorskip("eagle3.train.checkpoint")
+    model = make_tiny_draft()
+    checkpoint.save(str(tmp_path / "ckpt"), 7, model.state_dict(), {}, {"position": 0}, model.config.to_dict())
+    export(ExportConfig(checkpoint=str(tmp_path / "ckpt"), out=str(tmp_path / "d"), dtype="float32"))
+    batch = tiny_batch(model.config, b=2, t=6)
+    reloaded = load_exported_draft(str(tmp_path / "d"), model.embed_weight)
+    torch.testing.assert_close(_logits(reloaded, batch), _logits(model, batch))
