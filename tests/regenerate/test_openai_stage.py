@@ -1,0 +1,134 @@
+"""The regenerate stage with the openai backend against a real HTTP server (fake_openai_server.py, a
+subprocess on 127.0.0.1) that can fail the first N requests with a chosen status."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import yaml
+from regen_helpers import conversations, read_jsonl, write_dataset
+
+from eagle3.errors import InputError
+from eagle3.regenerate import RegenerateConfig, TooManyErrors, regenerate
+from eagle3.regenerate.openai_backend import chat_completions_url
+
+
+def cfg(manifest, out, server, **kw) -> RegenerateConfig:
+    base = dict(manifest=str(manifest), out=str(out), backend="openai", model="target",
+                base_url=server.url, concurrency=4, backoff_s=0.01, max_tokens=32)
+    return RegenerateConfig(**{**base, **kw})
+
+
+def test_replays_turn_by_turn_and_keeps_provenance(tmp_path, fake_server):
+    server = fake_server("--reasoning")
+    manifest = write_dataset(tmp_path, conversations(3, turns=2),
+                             extra=[{"name": "other", "source": "chat.jsonl", "format": "messages"}])
+    summary = regenerate(cfg(manifest, tmp_path / "out", server))
+    recs = read_jsonl(tmp_path / "out/chat/regenerated.jsonl")
+    assert [r["source"]["line"] for r in recs] == [1, 2, 3]  # rewritten in source order at the end
+    r = recs[1]
+    assert [m["content"] for m in r["messages"]] == [
+        "You are terse.", "question 1.0 what is 1 plus 0?", "answer 0 to: question 1.0 what is 1 plus 0?",
+        "question 1.1 what is 1 plus 1?", "answer 1 to: question 1.1 what is 1 plus 1?"]
+    assert r["messages"][2]["reasoning_content"] == "thinking about question 1.0 what is 1 plus 0?"
+    assert r["original_messages"][2]["content"] == "original answer 1.0"
+    assert r["regeneration"]["max_tokens"] == 32 and r["regeneration"]["model"] == "target"
+    # The second request of a conversation carried the first regenerated answer.
+    second = [e for e in server.entries() if len(e["messages"]) == 4 and "1.1" in e["messages"][3]["content"]]
+    assert second[0]["messages"][2]["content"].startswith("answer 0 to: question 1.0")
+    assert all(e["sampling"] == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 32, "seed": 0}
+               for e in server.entries())
+    # The derived manifest swaps the source of the regenerated dataset only.
+    derived = yaml.safe_load(open(summary["manifest"]))["datasets"]
+    assert derived[0]["source"] == str(tmp_path / "out/chat/regenerated.jsonl")
+    assert derived[0]["format"] == "messages" and derived[0]["regenerate"] is False
+    assert derived[1]["source"] == str(tmp_path / "chat.jsonl")
+
+
+def test_accounting_equals_server_usage(tmp_path, fake_server):
+    server = fake_server()
+    manifest = write_dataset(tmp_path, conversations(5, turns=2))
+    stats = regenerate(cfg(manifest, tmp_path / "out", server, price_prompt_per_m=2.0,
+                           price_completion_per_m=10.0))["datasets"]["chat"]
+    usage = [e["usage"] for e in server.entries()]
+    prompt, completion = sum(u["prompt_tokens"] for u in usage), sum(u["completion_tokens"] for u in usage)
+    assert stats["requests"] == len(usage) == 10
+    assert (stats["prompt_tokens"], stats["completion_tokens"]) == (prompt, completion)
+    assert (stats["this_run"]["prompt_tokens"], stats["this_run"]["completion_tokens"]) == (prompt, completion)
+    assert stats["cost_usd"] == pytest.approx((prompt * 2.0 + completion * 10.0) / 1e6)
+    on_disk = read_jsonl(tmp_path / "out/chat/regenerated.jsonl")
+    assert sum(r["regeneration"]["prompt_tokens"] for r in on_disk) == prompt
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_retries_transient_failures_then_succeeds(tmp_path, fake_server, status):
+    server = fake_server("--fail-first", "3", "--fail-status", str(status))
+    manifest = write_dataset(tmp_path, conversations(2, turns=1))
+    stats = regenerate(cfg(manifest, tmp_path / "out", server, concurrency=1))["datasets"]["chat"]
+    assert stats["done"] == 2 and stats["failed"] == 0
+    assert stats["this_run"]["retries"] == 3 and stats["this_run"]["attempts"] == 5
+    assert [e["status"] for e in server.entries()] == [status] * 3 + [200, 200]
+
+
+def test_persistent_failure_goes_to_errors_and_threshold_fails(tmp_path, fake_server):
+    server = fake_server("--fail-first", "1000", "--fail-status", "503")
+    manifest = write_dataset(tmp_path, conversations(2, turns=1))
+    with pytest.raises(TooManyErrors, match="2 of 2 conversations failed"):
+        regenerate(cfg(manifest, tmp_path / "out", server, max_retries=2))
+    errors = read_jsonl(tmp_path / "out/chat/errors.jsonl")
+    assert len(errors) == 2 and all("HTTP 503" in e["reason"] and e["attempts"] == 3 for e in errors)
+    assert errors[0]["file"] == str(tmp_path / "chat.jsonl") and errors[0]["line"] in (1, 2)
+
+
+def test_errors_under_threshold_do_not_fail(tmp_path, fake_server):
+    server = fake_server("--fail-first", "1", "--fail-status", "400")  # a 400 is not retried
+    manifest = write_dataset(tmp_path, conversations(4, turns=1))
+    stats = regenerate(cfg(manifest, tmp_path / "out", server, concurrency=1,
+                           max_error_share=0.25))["datasets"]["chat"]
+    assert (stats["done"], stats["failed"], stats["passed"]) == (3, 1, True)
+    (err,) = read_jsonl(tmp_path / "out/chat/errors.jsonl")
+    assert "HTTP 400" in err["reason"] and "not retried" in err["reason"] and err["attempts"] == 1
+
+
+def test_api_key_is_sent_but_never_logged_or_written(tmp_path, fake_server, monkeypatch, caplog):
+    secret = "sk-test-SECRET-4242"
+    monkeypatch.setenv("EAGLE3_OPENAI_API_KEY", secret)
+    server = fake_server("--fail-first", "1", "--fail-status", "429")
+    manifest = write_dataset(tmp_path, conversations(1, turns=1))
+    with caplog.at_level(logging.DEBUG):
+        summary = regenerate(cfg(manifest, tmp_path / "out", server))
+    assert server.entries()[-1]["auth"] == f"Bearer {secret}"
+    assert secret not in caplog.text and secret not in repr(summary)
+    for f in (tmp_path / "out").rglob("*"):
+        if f.is_file():
+            assert secret not in f.read_text(), f
+
+
+def test_changed_settings_refuse_to_mix(tmp_path, fake_server):
+    server = fake_server()
+    manifest = write_dataset(tmp_path, conversations(2, turns=1))
+    regenerate(cfg(manifest, tmp_path / "out", server))
+    with pytest.raises(InputError, match="--restart"):
+        regenerate(cfg(manifest, tmp_path / "out", server, temperature=0.7))
+    stats = regenerate(cfg(manifest, tmp_path / "out", server, temperature=0.7, restart=True))["datasets"]["chat"]
+    assert stats["resumed"] == 0 and stats["done"] == 2
+
+
+def test_missing_url_and_bad_dataset_are_input_errors(tmp_path, monkeypatch):
+    monkeypatch.delenv("EAGLE3_OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    manifest = write_dataset(tmp_path, conversations(1))
+    with pytest.raises(InputError, match="--base-url"):
+        regenerate(RegenerateConfig(manifest=str(manifest), out=str(tmp_path / "o"), backend="openai"))
+    with pytest.raises(InputError, match="'nope' is not in"):
+        regenerate(RegenerateConfig(manifest=str(manifest), out=str(tmp_path / "o"), datasets=("nope",)))
+    with pytest.raises(InputError, match="backend="):
+        RegenerateConfig(manifest="m", out="o", backend="vllm")
+
+
+def test_chat_completions_url_forms():
+    assert chat_completions_url("http://h:1") == "http://h:1/v1/chat/completions"
+    assert chat_completions_url("http://h:1/v1/") == "http://h:1/v1/chat/completions"
+    assert chat_completions_url("https://openrouter.ai/api/v1") == "https://openrouter.ai/api/v1/chat/completions"
+    assert chat_completions_url("http://h/v1/chat/completions") == "http://h/v1/chat/completions"
