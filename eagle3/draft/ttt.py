@@ -123,7 +123,8 @@ def step0_mask(segment_ids: torch.Tensor) -> torch.Tensor:
 def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
                 target_logits_draft: torch.Tensor, target_argmax_in_draft: torch.Tensor,
                 loss_mask: torch.Tensor, segment_ids: torch.Tensor | None = None,
-                ttt_length: int = DEFAULT_TTT_LENGTH, step_decay: float = DEFAULT_STEP_DECAY) -> TTTResult:
+                ttt_length: int = DEFAULT_TTT_LENGTH, step_decay: float = DEFAULT_STEP_DECAY,
+                normalizer: torch.Tensor | None = None) -> TTTResult:
     """Run ``ttt_length`` TTT steps and return the loss and per-step counts.
 
     All inputs are unshifted, per target position j, [B,T,...]:
@@ -135,6 +136,9 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
       packed in a row; they never attend to each other.
     Loss per step = mean over its masked positions of the soft cross-entropy
     -sum_v softmax(target)_v log softmax(draft)_v over the draft vocab.
+    ``normalizer`` [ttt_length], if given, replaces each step's divisor (its
+    masked count here) with a count over the global batch, so micro-batches
+    and ranks add up to the same gradient however the batch is split.
     """
     if ttt_length < 1:
         raise ValueError(f"ttt_length must be >= 1, got {ttt_length}")
@@ -156,7 +160,8 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
         ce = -(target.softmax(-1) * F.log_softmax(logits.float(), -1)).sum(-1)
         n = mask.sum()
         step_sum = (ce * mask).sum()
-        total = total + (step_decay ** i) * step_sum / n.clamp(min=1)
+        divisor = n.clamp(min=1) if normalizer is None else max(float(normalizer[i]), 1.0)
+        total = total + (step_decay ** i) * step_sum / divisor
         sums.append(step_sum.detach())
         correct.append(((logits.argmax(-1) == target.argmax(-1)) & mask).sum())
         counts.append(n)

@@ -134,3 +134,14 @@ def test_sim_accept_len():
     assert sim_accept_len([1.0, 1.0, 1.0]) == 4.0
     assert sim_accept_len([0.5, 0.5]) == 1.75
     assert sim_accept_len([0.0, 1.0]) == 1.0
+
+
+def test_global_normalizer_splits_into_micro_batches():
+    """With a global normalizer, two half-batches' losses add up to the full batch's."""
+    model = make_tiny_draft()
+    batch = tiny_batch(model.config, b=2, t=10)
+    with torch.no_grad():
+        full = ttt_forward(model, **batch, ttt_length=3)
+        halves = [ttt_forward(model, **{k: v[r:r + 1] for k, v in batch.items()}, ttt_length=3,
+                              normalizer=full.counts) for r in (0, 1)]
+    torch.testing.assert_close(halves[0].loss + halves[1].loss, full.loss)
