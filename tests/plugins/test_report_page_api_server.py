@@ -1,0 +1,178 @@
+"""The report page through the real `airflow api-server` (SQLite, simple auth manager), and in headless Chromium.
+
+The api-server is started by the module fixture on 127.0.0.1 and stopped by PID at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from report_run_folder import DAG_ID, PLUGINS, REPO, RUN_ID, write_run
+
+pytestmark = pytest.mark.integration
+AIRFLOW = str(Path(sys.executable).parent / "airflow")
+ARTIFACTS_DIR = REPO / "test-artifacts"  # gitignored; CI keeps it
+PAGE = f"/eagle3/runs/{DAG_ID}/{RUN_ID.replace(':', '%3A').replace('+', '%2B')}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def api_server(tmp_path_factory):
+    """(base URL, admin token, artifacts root) of a running api-server with the plugins folder."""
+    home = tmp_path_factory.mktemp("airflow_home_plugin")
+    artifacts = home / "artifacts"
+    write_run(artifacts)
+    (home / "dags").mkdir()
+    (home / "passwords.json").write_text(json.dumps({"admin": "admin"}))
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
+        "AIRFLOW__API__WORKERS": "1",
+        "EAGLE3_ARTIFACTS": str(artifacts),
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    migrate = subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, text=True, timeout=600)
+    assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
+    port = _free_port()
+    log = open(home / "api-server.log", "w")
+    proc = subprocess.Popen([AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 240
+        while True:
+            try:
+                if httpx.get(f"{base}/api/v2/monitor/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise AssertionError("api-server did not come up:\n" + (home / "api-server.log").read_text()[-4000:])
+            time.sleep(1)
+        r = httpx.post(f"{base}/auth/token", json={"username": "admin", "password": "admin"}, timeout=30)
+        assert r.status_code in (200, 201), r.text
+        yield base, r.json()["access_token"], artifacts
+    finally:
+        # Stop the server and its uvicorn worker by the PID (process group) this fixture started.
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def test_unauthenticated_request_is_refused(api_server):
+    base, _, _ = api_server
+    assert httpx.get(base + PAGE, timeout=30).status_code == 401
+    assert httpx.get(f"{base}{PAGE}/files/report/training_curves.png", timeout=30).status_code == 401
+    forged = httpx.get(base + PAGE, headers={"Authorization": "Bearer not.a.jwt"}, timeout=30)
+    assert forged.status_code in (401, 403)
+
+
+def test_page_with_bearer_token_and_ui_cookie(api_server):
+    base, token, _ = api_server
+    r = httpx.get(base + PAGE, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    assert r.status_code == 200, r.text[:2000]
+    assert "long_agent" in r.text and "verify: FAILED" in r.text and "2.61" in r.text
+    # Plot URLs carry the mount prefix, and the plot is served through the app.
+    img = f"{PAGE}/files/report/training_curves.png"
+    assert f'src="{img}"' in r.text
+    png = httpx.get(base + img, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
+    # The Airflow UI's iframe authenticates with the `_token` cookie.
+    by_cookie = httpx.get(base + PAGE, cookies={"_token": token}, timeout=60)
+    assert by_cookie.status_code == 200 and "long_agent" in by_cookie.text
+
+
+def test_plugin_is_registered_with_a_dag_run_view(api_server):
+    base, token, _ = api_server
+    r = httpx.get(f"{base}/api/v2/plugins", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert r.status_code == 200
+    (plugin,) = [p for p in r.json()["plugins"] if p["name"] == "eagle3_report"]
+    assert plugin["fastapi_apps"][0]["url_prefix"] == "/eagle3"
+    (view,) = plugin["external_views"]
+    assert view["destination"] == "dag_run" and view["href"] == "/eagle3/runs/{DAG_ID}/{RUN_ID}"
+    errors = httpx.get(f"{base}/api/v2/plugins/importErrors", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert errors.status_code == 200 and errors.json()["total_entries"] == 0, errors.text
+
+
+class _AuthProxy(BaseHTTPRequestHandler):
+    """Forwards GETs to the api-server with the Bearer token added: Chromium's command line cannot set
+    headers or cookies, and the product should not accept tokens in URLs."""
+
+    upstream = ""
+    token = ""
+    seen: list[tuple[str, int]] = []
+
+    def do_GET(self):  # noqa: N802 (http.server API)
+        r = httpx.get(self.upstream + self.path, headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
+        self.seen.append((self.path, r.status_code))
+        self.send_response(r.status_code)
+        self.send_header("Content-Type", r.headers.get("content-type", "application/octet-stream"))
+        self.send_header("Content-Length", str(len(r.content)))
+        self.end_headers()
+        self.wfile.write(r.content)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_screenshot_in_headless_chromium(api_server):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
+    base, token, _ = api_server
+    handler = type("Proxy", (_AuthProxy,), {"upstream": base, "token": token, "seen": []})
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    ARTIFACTS_DIR.mkdir(exist_ok=True)
+    shot = ARTIFACTS_DIR / "eagle3_report_page.png"
+    shot.unlink(missing_ok=True)
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    try:
+        proc = subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", f"--screenshot={shot}", "--window-size=1280,1600",
+             f"http://127.0.0.1:{proxy.server_port}{PAGE}"],
+            capture_output=True, text=True, timeout=180,
+        )
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+        shutil.rmtree(profile, ignore_errors=True)
+    assert shot.exists() and shot.stat().st_size > 20_000, proc.stderr[-3000:]
+    assert shot.read_bytes()[:4] == b"\x89PNG"
+    # Chromium fetched the page and both plots through the app, all authorised.
+    paths = {p: s for p, s in handler.seen}
+    assert paths.get(PAGE) == 200, handler.seen
+    assert paths.get(f"{PAGE}/files/report/training_curves.png") == 200, handler.seen
+    assert paths.get(f"{PAGE}/files/report/acceptance_by_position.png") == 200, handler.seen
