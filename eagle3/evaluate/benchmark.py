@@ -1,0 +1,217 @@
+"""`evaluate(cfg)`: real speculative decoding of a draft against its target.
+
+For every prompt the target decodes twice in the same process, on the same
+prompt ids: plain greedy with a KV cache (the baseline) and the chain
+speculative decoder. Greedy speculation is lossless, so the two outputs must
+be equal token for token; any difference fails the stage (GateFailed) after
+report.json was written, naming the prompt and the first differing position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from typing import Any
+
+from eagle3 import storage
+from eagle3.errors import GateFailed, InputError
+from eagle3.evaluate import metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    target: str
+    """Target model: local HF dir, s3:// prefix or the alias smollm2-135m-instruct."""
+    draft: str
+    """Exported draft dir (DRAFT/: config.json + model.safetensors), local or s3://."""
+    out: str
+    """Output dir EVAL/ for report.json, local or s3://."""
+    prompts: str = "humaneval"
+    """"humaneval" or a JSONL of {"prompt"} / {"messages"} lines (local or s3://)."""
+    steps: int = 3
+    """k: draft tokens per target verification (τ is capped at k + 1)."""
+    limit: int | None = None
+    """Use only the first N prompts."""
+    max_new_tokens: int = 128
+    """Tokens generated per prompt (both decoders stop at eos too)."""
+    checkpoint: str | None = None
+    """Trainer CKPT/ whose metrics.jsonl gives the offline simulated τ shown beside the real one."""
+    device: str = "auto"
+    """"auto" (cuda if available, else cpu), "cpu" or "cuda[:i]". CPU computes in fp32."""
+    warmup: bool = True
+    """Decode the first prompt briefly before timing (first calls pay one-off costs)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise InputError(f"EvaluateConfig.steps={self.steps!r} must be an int >= 1 (e.g. --steps 3)")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise InputError(f"EvaluateConfig.max_new_tokens={self.max_new_tokens!r} must be an int >= 1")
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            raise InputError(f"EvaluateConfig.limit={self.limit!r} must be None or an int >= 1")
+
+
+def draft_aux_layers(draft_config: dict, where: str) -> list[int]:
+    """The aux layer ids an exported draft was trained on (SGLang: layer *outputs*)."""
+    ids = (draft_config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if not isinstance(ids, list) or len(ids) != 3:
+        raise InputError(f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids must list 3 layer ids, got "
+                         f"{ids!r}; re-export the draft with `eagle3 export`")
+    return [int(i) for i in ids]
+
+
+def offline_sim_accept_len(checkpoint: str) -> dict | None:
+    """The last evaluation line of CKPT/metrics.jsonl carrying sim_accept_len (eval lines preferred)."""
+    uri = storage.join(checkpoint, "metrics.jsonl")
+    if not storage.exists(uri):
+        log.warning("no %s: the offline simulated acceptance length is left out", uri)
+        return None
+    lines = [json.loads(x) for x in storage.read_text(uri).splitlines() if x.strip()]
+    lines = [x for x in lines if isinstance(x, dict) and x.get("sim_accept_len") is not None]
+    is_eval = [x for x in lines if "eval" in str(x.get("split", x.get("kind", x.get("event", ""))))]
+    chosen = (is_eval or lines or [None])[-1]
+    if chosen is None:
+        return None
+    acc = {k: v for k, v in chosen.items() if k.startswith("acc_")}
+    return {"sim_accept_len": float(chosen["sim_accept_len"]), "step": chosen.get("step"),
+            "from_eval_split": bool(is_eval), "acc": acc}
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _load(cfg: EvaluateConfig, device: str):
+    from eagle3 import target as target_mod
+    from eagle3.draft.build import load_target_embedding
+    from eagle3.evaluate.spec_decode import Eagle3DraftStepper, TargetRunner
+    from eagle3.export import load_exported_draft
+
+    target_dir = target_mod.resolve_model(cfg.target)
+    draft_dir = storage.local_dir(cfg.draft)
+    draft_cfg_path = storage.join(draft_dir, "config.json")
+    if not storage.exists(draft_cfg_path):
+        raise InputError(f"--draft {cfg.draft!r} has no config.json; point it at an `eagle3 export` output")
+    draft_cfg = storage.read_json(draft_cfg_path)
+    aux_ids = draft_aux_layers(draft_cfg, draft_cfg_path)
+    tokenizer = target_mod.load_tokenizer(target_dir)
+    model = target_mod.load_model(target_dir, device=device)
+    if int(draft_cfg.get("vocab_size", -1)) != int(model.config.vocab_size):
+        raise InputError(f"{draft_cfg_path}: vocab_size={draft_cfg.get('vocab_size')} but the target "
+                         f"{cfg.target!r} has {model.config.vocab_size}; was the draft trained for another target?")
+    draft = load_exported_draft(draft_dir, load_target_embedding(target_dir)).to(device)
+    return tokenizer, model, TargetRunner(model, aux_ids), Eagle3DraftStepper(draft), aux_ids
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _mismatch_message(bad: list[dict], device: str) -> str:
+    lines = [f"speculative output differs from the target's greedy output on {len(bad)} prompt(s):"]
+    for row in bad[:20]:
+        m = row["mismatch"]
+        lines.append(f"  prompt {row['id']}: first difference at generated position {m['position']} "
+                     f"(baseline token {m['baseline_token']}, speculative token {m['speculative_token']})")
+    if device != "cpu":
+        lines.append("On bf16/CUDA, a near-tie can flip an argmax between a 1-token and a (k+1)-token forward; "
+                     "rerun with --device cpu (fp32) to tell a decoder bug from numerical noise.")
+    return "\n".join(lines)
+
+
+def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
+    """Benchmark the draft; write ``cfg.out``/report.json; return its summary.
+
+    Raises GateFailed (after writing the report) when any output is not lossless.
+    """
+    import torch
+
+    from eagle3.evaluate.prompts import encode_prompt, load_prompts
+    from eagle3.evaluate.spec_decode import eos_token_ids, greedy_generate, speculative_generate
+    from eagle3.progress import Progress
+
+    prompts = load_prompts(cfg.prompts, cfg.limit)
+    device = _device(cfg.device)
+    torch.manual_seed(0)
+    tokenizer, model, target, draft, aux_ids = _load(cfg, device)
+    eos = eos_token_ids(model, tokenizer)
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    if cfg.warmup:
+        greedy_generate(target, encoded[0], 4, eos)
+        speculative_generate(target, draft, encoded[0], 4, eos, cfg.steps)
+
+    rows, all_steps = [], []
+    base_tokens = spec_tokens = 0
+    base_s = spec_s = 0.0
+    progress = Progress("evaluate", total_samples=len(prompts), total_tokens=len(prompts) * cfg.max_new_tokens)
+    for prompt, ids in zip(prompts, encoded):
+        base = greedy_generate(target, ids, cfg.max_new_tokens, eos)
+        spec = speculative_generate(target, draft, ids, cfg.max_new_tokens, eos, cfg.steps)
+        diff = _first_difference(base.tokens, spec.tokens)
+        row = {
+            "id": prompt.id, "prompt_tokens": len(ids), "new_tokens": len(spec.tokens), "stop": spec.stop,
+            "lossless": diff is None, "acceptance_length": metrics.acceptance_length(spec.steps),
+            "verifications": len(spec.steps), "seconds_base": base.seconds, "seconds_spec": spec.seconds,
+            "accept_hist": metrics.accept_length_histogram(spec.steps, cfg.steps),
+            "text": tokenizer.decode(spec.tokens, skip_special_tokens=False)[:2000],
+        }
+        if diff is not None:
+            row["mismatch"] = {
+                "position": diff,
+                "baseline_token": base.tokens[diff] if diff < len(base.tokens) else None,
+                "speculative_token": spec.tokens[diff] if diff < len(spec.tokens) else None,
+                "baseline_text": tokenizer.decode(base.tokens)[:2000],
+            }
+        rows.append(row)
+        all_steps += spec.steps
+        base_tokens, spec_tokens = base_tokens + len(base.tokens), spec_tokens + len(spec.tokens)
+        base_s, spec_s = base_s + base.seconds, spec_s + spec.seconds
+        progress.update(samples=1, tokens=len(spec.tokens))
+    progress.finish()
+
+    tps_base = base_tokens / base_s if base_s > 0 else 0.0
+    tps_spec = spec_tokens / spec_s if spec_s > 0 else 0.0
+    bad = [r for r in rows if not r["lossless"]]
+    offline = offline_sim_accept_len(cfg.checkpoint) if cfg.checkpoint else None
+    report = {
+        "acceptance_length": metrics.acceptance_length(all_steps),
+        "lossless": not bad,
+        "accept_rate_by_position": metrics.accept_rate_by_position(all_steps, cfg.steps),
+        "accept_hist": metrics.accept_length_histogram(all_steps, cfg.steps),
+        "tokens_per_s_spec": tps_spec,
+        "tokens_per_s_base": tps_base,
+        "speedup": tps_spec / tps_base if tps_base > 0 else 0.0,
+        "steps": cfg.steps,
+        "max_new_tokens": cfg.max_new_tokens,
+        "num_prompts": len(rows),
+        "generated_tokens": spec_tokens,
+        "verifications": len(all_steps),
+        "sim_accept_len": offline["sim_accept_len"] if offline else None,
+        "offline": offline,
+        "prompts_source": cfg.prompts,
+        "target": cfg.target,
+        "draft": cfg.draft,
+        "aux_layer_ids": aux_ids,
+        "device": device,
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "backend": "transformers",
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "prompts": rows,
+    }
+    storage.write_json(storage.join(cfg.out, "report.json"), report)
+    log.info("evaluate: tau %.3f over %d verifications, %.1f tok/s speculative vs %.1f baseline (x%.2f), "
+             "lossless=%s", report["acceptance_length"], len(all_steps), tps_spec, tps_base, report["speedup"],
+             report["lossless"])
+    if bad:
+        raise GateFailed(_mismatch_message(bad, device) + f"\n(report: {storage.join(cfg.out, 'report.json')})")
+    return {k: v for k, v in report.items() if k not in ("prompts", "offline")}

