@@ -1,0 +1,352 @@
+"""The tokenize stage: one dataset of the manifest -> ``PREP/<name>/`` (see docs/CONTRACTS.md).
+
+Outputs: ``tokenized.parquet``, ``stats.json``, ``rejects.jsonl`` and, written last,
+``fingerprint.json``. A dataset whose fingerprint (input content, tokenizer, chat
+template, settings, code version) is unchanged is not tokenized again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eagle3 import storage, target
+from eagle3.errors import InputError
+from eagle3.progress import Progress
+from eagle3.tokenize import readers
+from eagle3.tokenize.chat_mask import Batch, ChatMasker, TemplateError
+from eagle3.tokenize.manifest import FORMATS, check_name, load_manifest, source_extension
+
+log = logging.getLogger(__name__)
+
+TOKENIZE_VERSION = "1"  # bump when the output for the same inputs changes
+TEMPLATE_ERROR = "chat template error"
+FILES = ("tokenized.parquet", "rejects.jsonl", "stats.json", "fingerprint.json")  # fingerprint last: commit marker
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    """Tokenize one dataset."""
+
+    name: str
+    """Dataset name; the output goes to ``<out>/<name>/``."""
+    source: str
+    """Input file (local path or ``s3://``): .jsonl, .jsonl.gz or .parquet."""
+    format: str
+    """``messages`` | ``sharegpt`` | ``tokenized``."""
+    tokenizer: str
+    """Tokenizer / model directory, ``s3://`` prefix, or the alias ``smollm2-135m-instruct``."""
+    out: str
+    """The prepared folder (PREP)."""
+    category: str | None = None
+    """Free text carried into stats.json."""
+    max_samples: int | None = None
+    """Keep the first N accepted samples; later records are counted as ``over_cap``."""
+    max_reject_share: float = 0.05
+    """Fail (InputError) when more than this share of the records is refused."""
+    batch_size: int = 1024
+    """Conversations rendered and encoded per ``encode_batch`` call."""
+    force: bool = False
+    """Tokenize again even when the fingerprint is unchanged."""
+
+    def __post_init__(self):
+        check_name(self.name, "tokenize config name")
+        if self.format not in FORMATS:
+            raise InputError(f"format {self.format!r} is not known; use one of {', '.join(FORMATS)}")
+        if source_extension(self.source) is None:
+            raise InputError(f"source {self.source!r} must end with .jsonl, .jsonl.gz or .parquet")
+        if not 0.0 <= self.max_reject_share <= 1.0:
+            raise InputError(f"max_reject_share {self.max_reject_share!r} must be between 0 and 1, e.g. 0.05")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise InputError(f"max_samples {self.max_samples!r} must be a positive integer")
+        if self.batch_size < 1:
+            raise InputError(f"batch_size {self.batch_size!r} must be positive")
+
+    @classmethod
+    def for_dataset(cls, spec, tokenizer: str, out: str, **settings: Any) -> "TokenizeConfig":
+        """Config for a manifest entry (``eagle3.tokenize.manifest.DatasetSpec``)."""
+        return cls(name=spec.name, source=spec.source, format=spec.format, category=spec.category,
+                   max_samples=spec.max_samples, tokenizer=tokenizer, out=out, **settings)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(tok_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tok_dir)
+
+
+@functools.lru_cache(maxsize=4)
+def _masker(tok_dir: str) -> ChatMasker:
+    return ChatMasker(_load_tokenizer(tok_dir))
+
+
+def _chat_template_text(tok_dir: str) -> str:
+    """The chat template as stored, read without loading the tokenizer (cheap fingerprint)."""
+    jinja = Path(tok_dir, "chat_template.jinja")
+    if jinja.exists():
+        return jinja.read_text()
+    cfg = Path(tok_dir, "tokenizer_config.json")
+    template = json.loads(cfg.read_text()).get("chat_template") if cfg.exists() else None
+    return template if isinstance(template, str) else json.dumps(template)
+
+
+def fingerprint_inputs(cfg: TokenizeConfig, input_sha256: str, tok_dir: str) -> dict[str, Any]:
+    template = _chat_template_text(tok_dir)
+    return {
+        "input_sha256": input_sha256,
+        "tokenizer_fingerprint": target.tokenizer_fingerprint(tok_dir),
+        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+        "settings": {"name": cfg.name, "format": cfg.format, "max_samples": cfg.max_samples},
+        "tokenize_version": TOKENIZE_VERSION,
+    }
+
+
+def sample_id(ids: np.ndarray, mask: np.ndarray) -> str:
+    """Content hash: sha256[:32] over the int32 ids bytes then the uint8 mask bytes (little-endian)."""
+    h = hashlib.sha256(np.ascontiguousarray(ids, dtype="<i4").tobytes())
+    h.update(np.ascontiguousarray(mask, dtype="u1").tobytes())
+    return h.hexdigest()[:32]
+
+
+class _ParquetOut:
+    """Streams batches into tokenized.parquet (one row group per batch)."""
+
+    def __init__(self, path: Path, source: str):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.pa, self.source = pa, source
+        self.schema = pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())),
+                                 ("loss_mask", pa.list_(pa.uint8())), ("num_tokens", pa.int32()),
+                                 ("num_loss_tokens", pa.int32()), ("source", pa.string())])
+        self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")
+        self.samples = self.tokens = self.loss_tokens = 0
+
+    def write(self, batch: Batch) -> None:
+        pa, off = self.pa, batch.offsets
+        n = len(off) - 1
+        if n == 0:
+            return
+        lengths = np.diff(off).astype(np.int32)
+        loss = np.add.reduceat(batch.loss_mask.astype(np.int32), off[:-1]) if len(batch.loss_mask) else lengths
+        ids = [sample_id(batch.input_ids[off[k]:off[k + 1]], batch.loss_mask[off[k]:off[k + 1]]) for k in range(n)]
+        offsets = pa.array(off.astype(np.int32))
+        table = pa.Table.from_arrays([
+            pa.array(ids, pa.string()),
+            pa.ListArray.from_arrays(offsets, pa.array(batch.input_ids, pa.int32())),
+            pa.ListArray.from_arrays(offsets, pa.array(batch.loss_mask, pa.uint8())),
+            pa.array(lengths, pa.int32()), pa.array(loss.astype(np.int32), pa.int32()),
+            pa.array([self.source] * n, pa.string()),
+        ], schema=self.schema)
+        self.writer.write_table(table)
+        self.samples += n
+        self.tokens += int(off[-1])
+        self.loss_tokens += int(loss.sum())
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _count_records(path: str) -> int:
+    """Records in a file, counted cheaply, for the progress ETA (JSONL: newlines)."""
+    if path.lower().endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    import gzip
+
+    opener = gzip.open if path.lower().endswith(".gz") else open
+    n = 0
+    with opener(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            n += block.count(b"\n")
+    return max(n, 1)
+
+
+def _concat(batches: list[Batch]) -> Batch:
+    lengths = np.concatenate([np.diff(b.offsets) for b in batches]) if batches else np.zeros(0, np.int64)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return Batch(input_ids=np.concatenate([b.input_ids for b in batches]) if batches else np.zeros(0, np.int32),
+                 loss_mask=np.concatenate([b.loss_mask for b in batches]) if batches else np.zeros(0, np.uint8),
+                 offsets=offsets)
+
+
+def _tokenize_file(cfg: TokenizeConfig, local: str, tok_dir: str, parquet: _ParquetOut,
+                   rejects: list[dict]) -> dict[str, Any]:
+    """Read, render, encode and write; returns counts and template facts."""
+    masker = _masker(tok_dir) if cfg.format != "tokenized" else None
+    vocab_size = len(_load_tokenizer(tok_dir))
+    total = _count_records(local)
+    if cfg.max_samples:
+        total = min(total, cfg.max_samples)
+    progress = Progress(f"tokenize {cfg.name}", total_samples=total, total_tokens=1, logger=log)
+    accepted = over_cap = 0
+    texts: list[str] = []
+    spans: list[list[tuple[int, int]]] = []
+    token_records: list[readers.TokenRecord] = []
+
+    def reject(line: int, reason: str, detail: str) -> None:
+        rejects.append({"file": cfg.source, "line": line, "reason": reason, "detail": detail})
+
+    def flush() -> None:
+        if texts:
+            batch = masker.encode(texts, spans)
+        else:
+            batch = _concat([Batch(r.input_ids, r.loss_mask, np.array([0, len(r.input_ids)])) for r in token_records])
+        parquet.write(batch)
+        n = len(batch.offsets) - 1
+        progress.update(samples=n, tokens=int(batch.offsets[-1]))
+        # Refine the token total from the tokens per sample seen so far, so the ETA means something.
+        progress.total_tokens = max(int(progress.tokens / max(progress.samples, 1) * total), progress.tokens, 1)
+        texts.clear(), spans.clear(), token_records.clear()
+
+    for item in readers.read_records(local, cfg.format, display=cfg.source, vocab_size=vocab_size):
+        if cfg.max_samples and accepted >= cfg.max_samples:
+            over_cap += 1
+            continue
+        if isinstance(item, readers.Rejected):
+            reject(item.line, item.reason, item.detail)
+            continue
+        if isinstance(item, readers.TokenRecord):
+            token_records.append(item)
+        else:
+            try:
+                text, sample_spans = masker.render(item)
+            except TemplateError as e:
+                reject(item.line, TEMPLATE_ERROR, str(e)[:300])
+                continue
+            texts.append(text)
+            spans.append(sample_spans)
+        accepted += 1
+        if len(texts) + len(token_records) >= cfg.batch_size:
+            flush()
+    flush()
+    progress.finish()
+    facts: dict[str, Any] = {"over_cap": over_cap, "vocab_size": vocab_size}
+    if masker is not None:
+        info = masker.info
+        facts["template"] = {
+            "assistant_header": info.assistant_header, "end_of_turn": info.end_of_turn,
+            "rewritten_hermes_style": [k for k, ok in (("tools", info.renders_tools),
+                                                       ("tool_calls", info.renders_tool_calls),
+                                                       ("reasoning_content", info.renders_reasoning),
+                                                       ("tool_messages", info.renders_tool_role)) if not ok],
+        }
+    return facts
+
+
+def _publish(tmp: Path, out_dir: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        if (tmp / name).exists():
+            if storage.is_s3(out_dir):
+                storage.put_file(tmp / name, storage.join(out_dir, name))
+            else:
+                os.replace(tmp / name, Path(out_dir, name))
+
+
+def _summary(stats: dict[str, Any], out_dir: str) -> dict[str, Any]:
+    keys = ("dataset", "samples", "tokens", "loss_tokens", "rejected", "reused", "fingerprint", "seconds")
+    return {"out_dir": out_dir, **{k: stats[k] for k in keys}}
+
+
+def tokenize_dataset(cfg: TokenizeConfig) -> dict[str, Any]:
+    """Tokenize one dataset into ``<out>/<name>/``; returns a small JSON-able summary."""
+    start = time.monotonic()
+    out_dir = storage.join(cfg.out, cfg.name)
+    if not storage.exists(cfg.source):
+        raise InputError("source file does not exist; check the manifest's source path", file=cfg.source)
+    local = storage.local_path(cfg.source)
+    tok_dir = target.resolve_model(cfg.tokenizer)
+    fp_inputs = fingerprint_inputs(cfg, storage.sha256_file(local), tok_dir)
+    fingerprint = hashlib.sha256(json.dumps(fp_inputs, sort_keys=True).encode()).hexdigest()[:32]
+
+    fp_uri, stats_uri = storage.join(out_dir, "fingerprint.json"), storage.join(out_dir, "stats.json")
+    if not cfg.force and storage.exists(fp_uri) and storage.exists(storage.join(out_dir, "tokenized.parquet")):
+        old = storage.read_json(fp_uri)
+        if old.get("fingerprint") == fingerprint and storage.exists(stats_uri):
+            stats = {**storage.read_json(stats_uri), "reused": True,
+                     "seconds": round(time.monotonic() - start, 3)}
+            storage.write_json(stats_uri, stats)
+            log.info("tokenize %s: unchanged (fingerprint %s), reusing %s", cfg.name, fingerprint[:12], out_dir)
+            return _summary(stats, out_dir)
+
+    staging_parent = None if storage.is_s3(out_dir) else out_dir
+    if staging_parent:
+        Path(staging_parent).mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tokenize-", dir=staging_parent))
+    try:
+        rejects: list[dict] = []
+        parquet = _ParquetOut(tmp / "tokenized.parquet", cfg.name)
+        try:
+            facts = _tokenize_file(cfg, local, tok_dir, parquet, rejects)
+        finally:
+            parquet.close()
+        (tmp / "rejects.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
+        considered = parquet.samples + len(rejects)
+        reasons = Counter(r["reason"] for r in rejects)
+        share = len(rejects) / considered if considered else 1.0
+        if parquet.samples == 0 or share > cfg.max_reject_share:
+            _publish(tmp, out_dir, ("rejects.jsonl",))
+            top = ", ".join(f"{reason}: {n}" for reason, n in reasons.most_common(3)) or "none"
+            raise InputError(
+                f"dataset {cfg.name!r}: {len(rejects)} of {considered} records refused ({share:.1%}), above "
+                f"max_reject_share {cfg.max_reject_share:.1%}; top reasons: {top}. Each is listed with its line in "
+                f"{storage.join(out_dir, 'rejects.jsonl')}; fix the input or raise --max-reject-share",
+                file=cfg.source)
+        stats = {
+            "dataset": cfg.name, "source_uri": cfg.source, "format": cfg.format, "category": cfg.category,
+            "samples": parquet.samples, "tokens": parquet.tokens, "loss_tokens": parquet.loss_tokens,
+            "rejected": len(rejects), "reject_share": round(share, 6), "reject_reasons": dict(reasons),
+            "max_samples": cfg.max_samples, **facts,
+            "fingerprint": fingerprint, "tokenizer_fingerprint": fp_inputs["tokenizer_fingerprint"],
+            "seconds": round(time.monotonic() - start, 3), "reused": False,
+        }
+        (tmp / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
+        (tmp / "fingerprint.json").write_text(
+            json.dumps({"fingerprint": fingerprint, "inputs": fp_inputs}, indent=2, sort_keys=True) + "\n")
+        if storage.exists(fp_uri):  # an interrupted publish must not look complete
+            storage.delete(fp_uri)
+        _publish(tmp, out_dir, FILES)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("tokenize %s: %d samples, %d tokens (%d loss), %d rejected, %.1fs", cfg.name, stats["samples"],
+             stats["tokens"], stats["loss_tokens"], stats["rejected"], stats["seconds"])
+    return _summary(stats, out_dir)
+
+
+def tokenize_manifest(manifest: str, tokenizer: str, out: str, dataset: str | None = None,
+                      **settings: Any) -> dict[str, dict[str, Any]]:
+    """Tokenize every dataset of ``manifest`` (or only ``dataset``); {name: summary}.
+
+    All datasets are attempted; if any fails, one InputError lists every failure.
+    """
+    specs = load_manifest(manifest)
+    if dataset is not None:
+        specs = [s for s in specs if s.name == dataset]
+        if not specs:
+            names = ", ".join(s.name for s in load_manifest(manifest))
+            raise InputError(f"dataset {dataset!r} is not in {manifest}; its datasets are: {names}")
+    results, failures = {}, []
+    for spec in specs:
+        try:
+            results[spec.name] = tokenize_dataset(TokenizeConfig.for_dataset(spec, tokenizer, out, **settings))
+        except InputError as e:
+            log.error("tokenize %s failed: %s", spec.name, e)
+            failures.append(f"{spec.name}: {e}")
+    if failures:
+        raise InputError(f"{len(failures)} of {len(specs)} dataset(s) failed:\n  " + "\n  ".join(failures))
+    return results

@@ -1,0 +1,43 @@
+"""Tokenizer directories for the tokenize tests: the real SmolLM2 tokenizer (ChatML) and
+copies of it with other chat templates and extra special tokens, written here."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "config.json")
+
+
+@pytest.fixture(scope="session")
+def chatml_dir(smollm2_dir, tmp_path_factory) -> str:
+    """SmolLM2's own tokenizer and ChatML template (plus config.json so it resolves as a model dir)."""
+    out = tmp_path_factory.mktemp("chatml")
+    for name in _FILES:
+        if Path(smollm2_dir, name).exists():
+            shutil.copy(Path(smollm2_dir, name), out / name)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def make_tokenizer_dir(chatml_dir, tmp_path_factory):
+    """make(name, template, special=[...], added=[...], bos_token=..., eos_token=...) -> a tokenizer dir with that template."""
+    from transformers import AutoTokenizer
+
+    def make(name: str, template: str, special=(), added=(), **token_map: str) -> str:
+        out = tmp_path_factory.mktemp(name)
+        tok = AutoTokenizer.from_pretrained(chatml_dir)
+        if special:
+            tok.add_special_tokens({"additional_special_tokens": list(special)})
+        if added:
+            tok.add_tokens(list(added))
+        if token_map:  # e.g. bos_token="<|begin_of_text|>", eos_token="</s>"
+            tok.add_special_tokens(token_map)
+        tok.chat_template = template
+        tok.save_pretrained(out)
+        shutil.copy(Path(chatml_dir, "config.json"), out / "config.json")
+        return str(out)
+
+    return make
