@@ -1,0 +1,153 @@
+"""Register an evaluated draft; publish it only if it beats the best so far.
+
+  eagle3 publish --report EVAL/report.json --draft DRAFT --registry REGISTRY [--run-id ID]
+
+REGISTRY (local or s3://) holds ``registry.json`` — every evaluated draft's
+metrics and the decision taken — and ``drafts/<entry id>/``, the published
+copies. A draft is published (copied there) only when all hold:
+
+1. its evaluation was lossless,
+2. speculation beat the baseline in tokens/s (same run, same prompts),
+3. its τ beats the best τ published before (the first draft only needs 1 and 2).
+
+Otherwise it is recorded with ``published: false`` and the reason. The
+decision (what was compared, and the outcome) is also written next to the
+report as ``publish.json`` for the run report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import time
+from typing import Any
+
+from eagle3 import storage
+from eagle3.errors import InputError
+
+log = logging.getLogger(__name__)
+
+REGISTRY_FILE = "registry.json"
+_REQUIRED = ("acceptance_length", "lossless", "tokens_per_s_spec", "tokens_per_s_base")
+
+
+def _parent(uri: str) -> str:
+    return uri.rsplit("/", 1)[0] if "/" in uri else "."
+
+
+def read_registry(registry: str) -> dict:
+    """The registry document ({"entries": [...]}); empty when none exists yet."""
+    uri = storage.join(registry, REGISTRY_FILE)
+    if not storage.exists(uri):
+        return {"entries": []}
+    doc = storage.read_json(uri)
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+        raise InputError(f"{uri} is not a draft registry (expected an object with an 'entries' list); "
+                         "point --registry at another folder or fix the file")
+    return doc
+
+
+def best_published(doc: dict) -> dict | None:
+    """The published entry with the highest τ, or None."""
+    published = [e for e in doc["entries"] if e.get("published")]
+    return max(published, key=lambda e: e["acceptance_length"]) if published else None
+
+
+def decide(report: dict, best: dict | None) -> tuple[bool, str]:
+    """(publish?, reason) for an evaluation report against the best published entry."""
+    tau, spec, base = report["acceptance_length"], report["tokens_per_s_spec"], report["tokens_per_s_base"]
+    if not report["lossless"]:
+        return False, "the evaluation was not lossless (speculative output differed from greedy)"
+    if not spec > base:
+        return False, f"speculation is not faster than the baseline: {spec:.2f} vs {base:.2f} tok/s"
+    if best is not None and not tau > best["acceptance_length"]:
+        return False, (f"τ {tau:.3f} does not beat the previous best {best['acceptance_length']:.3f} "
+                       f"(entry {best['id']})")
+    prev = "no draft was published before" if best is None else \
+        f"beats the previous best τ {best['acceptance_length']:.3f} (entry {best['id']})"
+    return True, f"τ {tau:.3f} {prev}, and speculation is faster ({spec:.2f} vs {base:.2f} tok/s)"
+
+
+def _copy_dir(src: str, dest: str) -> list[str]:
+    names = storage.list_files(src)
+    if "config.json" not in names:
+        raise InputError(f"--draft {src!r} has no config.json; point it at an `eagle3 export` output")
+    # config.json last: a published folder with a config is complete (as export writes it).
+    for name in sorted(names, key=lambda n: n == "config.json"):
+        storage.put_file(storage.local_path(storage.join(src, name)), storage.join(dest, name))
+    return names
+
+
+def publish(report: str, draft: str, registry: str, run_id: str | None = None) -> dict[str, Any]:
+    """Record the evaluated draft in REGISTRY/registry.json and publish it if it wins.
+
+    Returns {"published", "reason", "location" (the published copy or None),
+    "acceptance_length", "compared": {...}, "registry", "entry_id"}.
+    """
+    rep = storage.read_json(report)
+    missing = [k for k in _REQUIRED if k not in rep]
+    if missing:
+        raise InputError(f"{report} lacks {', '.join(missing)}; is it an `eagle3 evaluate` report.json?")
+    weights = storage.join(draft, "model.safetensors")
+    if not storage.exists(weights):
+        raise InputError(f"--draft {draft!r} has no model.safetensors; point it at an `eagle3 export` output")
+    digest = storage.sha256_file(storage.local_path(weights))
+    doc = read_registry(registry)
+    again = next((e for e in doc["entries"] if e.get("sha256") == digest and e.get("published")), None)
+    best = best_published(doc)
+    compared = {
+        "acceptance_length": rep["acceptance_length"], "lossless": rep["lossless"],
+        "tokens_per_s_spec": rep["tokens_per_s_spec"], "tokens_per_s_base": rep["tokens_per_s_base"],
+        "speedup": rep.get("speedup"),
+        "previous_best": None if best is None else {k: best.get(k) for k in
+                                                     ("id", "acceptance_length", "tokens_per_s_spec",
+                                                      "tokens_per_s_base", "location", "run_id")},
+    }
+    if again is not None:  # a retried task: the same weights were already published
+        result = {"published": True, "reason": f"already published as entry {again['id']}",
+                  "location": again["location"], "acceptance_length": again["acceptance_length"],
+                  "compared": compared, "registry": registry, "entry_id": again["id"]}
+        storage.write_json(storage.join(_parent(report), "publish.json"), result)
+        return result
+    ok, reason = decide(rep, best)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    entry_id = f"{stamp}-{digest[:12]}"
+    if run_id:
+        entry_id += "-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)[:60]
+    location = storage.join(registry, "drafts", entry_id) if ok else None
+    if ok:
+        _copy_dir(draft, location)
+    doc["entries"].append({
+        "id": entry_id, "run_id": run_id, "draft": draft, "report": report, "sha256": digest,
+        "published": ok, "reason": reason, "location": location, "evaluated_at": rep.get("created_at"),
+        "decided_at": stamp, "acceptance_length": rep["acceptance_length"], "lossless": rep["lossless"],
+        "tokens_per_s_spec": rep["tokens_per_s_spec"], "tokens_per_s_base": rep["tokens_per_s_base"],
+        "speedup": rep.get("speedup"), "accept_rate_by_position": rep.get("accept_rate_by_position"),
+        "sim_accept_len": rep.get("sim_accept_len"), "steps": rep.get("steps"),
+        "prompts_source": rep.get("prompts_source"), "target": rep.get("target"),
+    })
+    best_now = best_published(doc)
+    doc["best"] = None if best_now is None else best_now["id"]
+    storage.write_json(storage.join(registry, REGISTRY_FILE), doc)
+    result = {"published": ok, "reason": reason, "location": location,
+              "acceptance_length": rep["acceptance_length"], "compared": compared, "registry": registry,
+              "entry_id": entry_id}
+    storage.write_json(storage.join(_parent(report), "publish.json"), result)
+    log.info("publish: %s — %s", "PUBLISHED" if ok else "not published", reason)
+    return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--report", required=True, help="EVAL/report.json from `eagle3 evaluate`")
+    p.add_argument("--draft", required=True, help="the evaluated DRAFT folder")
+    p.add_argument("--registry", required=True, help="registry folder (local or s3://)")
+    p.add_argument("--run-id", default=None, help="a label stored with the entry (e.g. the Airflow run id)")
+
+
+def run(args: argparse.Namespace) -> int:
+    result = publish(args.report, args.draft, args.registry, args.run_id)
+    print(json.dumps(result, indent=2))
+    print(("PUBLISHED to " + result["location"]) if result["published"] else "NOT PUBLISHED: " + result["reason"])
+    return 0

@@ -1,0 +1,84 @@
+"""The publish gate's decisions, on a local registry and on a real S3 endpoint (moto server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3 import storage
+from eagle3.cli import main
+from eagle3.evaluate.publish import publish, read_registry
+from eagle3.errors import InputError
+
+
+def _eval(root, name, tau, spec=120.0, base=90.0, lossless=True, weights=b"w"):
+    """An EVAL/report.json and a DRAFT folder (distinct weights per draft)."""
+    report = storage.join(root, name, "eval", "report.json")
+    storage.write_json(report, {"acceptance_length": tau, "lossless": lossless, "tokens_per_s_spec": spec,
+                                "tokens_per_s_base": base, "speedup": spec / base, "steps": 3,
+                                "accept_rate_by_position": [0.7, 0.6, 0.5]})
+    draft = storage.join(root, name, "draft")
+    storage.write_bytes(storage.join(draft, "model.safetensors"), weights + name.encode())
+    storage.write_json(storage.join(draft, "config.json"), {"architectures": ["LlamaForCausalLMEagle3"]})
+    return report, draft
+
+
+def _sequence(root, registry):
+    r1, d1 = _eval(root, "first", 2.1)
+    first = publish(r1, d1, registry, run_id="run/1")
+    assert first["published"] and "no draft was published before" in first["reason"]
+    assert storage.list_files(first["location"]) == ["config.json", "model.safetensors"]
+    assert storage.read_bytes(storage.join(first["location"], "model.safetensors")) == b"wfirst"
+
+    r2, d2 = _eval(root, "worse", 2.0)
+    worse = publish(r2, d2, registry)
+    assert not worse["published"] and worse["location"] is None
+    assert "does not beat the previous best 2.100" in worse["reason"]
+    assert worse["compared"]["previous_best"]["acceptance_length"] == 2.1
+
+    r3, d3 = _eval(root, "slow", 3.0, spec=80.0, base=90.0)
+    slow = publish(r3, d3, registry)
+    assert not slow["published"] and "not faster than the baseline: 80.00 vs 90.00" in slow["reason"]
+
+    r4, d4 = _eval(root, "lossy", 3.5, lossless=False)
+    lossy = publish(r4, d4, registry)
+    assert not lossy["published"] and "not lossless" in lossy["reason"]
+
+    r5, d5 = _eval(root, "better", 2.6)
+    better = publish(r5, d5, registry)
+    assert better["published"] and "beats the previous best τ 2.100" in better["reason"]
+    assert better["compared"]["previous_best"]["id"] == first["entry_id"]
+
+    doc = read_registry(registry)
+    assert [e["published"] for e in doc["entries"]] == [True, False, False, False, True]
+    assert doc["best"] == better["entry_id"]
+    # the decision is also written next to the report, for the run report
+    assert storage.read_json(storage.join(root, "better", "eval", "publish.json"))["published"] is True
+    # a retried task with the same weights does not publish twice
+    again = publish(r5, d5, registry)
+    assert again["published"] and "already published" in again["reason"]
+    assert len(read_registry(registry)["entries"]) == 5
+
+
+def test_publish_decisions_local(tmp_path):
+    _sequence(str(tmp_path / "runs"), str(tmp_path / "registry"))
+
+
+def test_publish_decisions_on_s3(s3_bucket):
+    _sequence(f"{s3_bucket}/runs", f"{s3_bucket}/registry")
+    assert any(k.startswith("drafts/") for k in storage.list_files(f"{s3_bucket}/registry"))
+
+
+def test_publish_refuses_a_report_without_metrics(tmp_path):
+    storage.write_json(str(tmp_path / "report.json"), {"acceptance_length": 2.0})
+    with pytest.raises(InputError, match="lacks lossless"):
+        publish(str(tmp_path / "report.json"), str(tmp_path), str(tmp_path / "reg"))
+
+
+def test_publish_cli(tmp_path, capsys):
+    report, draft = _eval(str(tmp_path), "a", 2.4)
+    assert main(["publish", "--report", report, "--draft", draft, "--registry", str(tmp_path / "reg")]) == 0
+    out = capsys.readouterr().out
+    assert "PUBLISHED to" in out
+    assert json.loads((tmp_path / "reg" / "registry.json").read_text())["entries"][0]["acceptance_length"] == 2.4
