@@ -1,0 +1,105 @@
+"""Every kind of bad input line becomes a Rejected with its 1-based line and reason."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from eagle3.errors import InputError
+from eagle3.tokenize import readers
+from eagle3.tokenize.readers import Conversation, Rejected, TokenRecord, read_records
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+
+
+def _lines(path, fmt, **kw):
+    return list(read_records(str(path), fmt, **kw))
+
+
+@pytest.mark.parametrize("line, reason", [
+    (b"{not json", readers.MALFORMED_JSON),
+    (b'{"messages": []}', readers.NO_MESSAGES),
+    (b'{"other": 1}', readers.NO_MESSAGES),
+    (b"[1, 2]", readers.NOT_OBJECT),
+    (json.dumps({"messages": [{"role": "narrator", "content": "x"}]}).encode(), readers.UNKNOWN_ROLE),
+    (json.dumps({"messages": [{"role": "user", "content": "  "}, {"role": "assistant", "content": "a"}]}).encode(),
+     readers.EMPTY_CONTENT),
+    (json.dumps({"messages": [{"role": "user", "content": "q"}]}).encode(), readers.NO_ASSISTANT),
+    (b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', readers.INVALID_UTF8),
+    (json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "",
+                 "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]}]}).encode(), readers.BAD_TOOLS),
+])
+def test_bad_message_lines_are_rejected_with_their_line(tmp_path, line, reason):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n\n" + line + b"\n" + json.dumps(GOOD).encode() + b"\n")
+    items = _lines(path, "messages")
+    assert [type(i) for i in items] == [Conversation, Rejected, Conversation]
+    assert (items[1].line, items[1].reason) == (3, reason)  # blank line 2 holds no record
+    assert items[2].line == 4
+
+
+@pytest.mark.parametrize("record, reason", [
+    ({"input_ids": [1, 2, 3], "loss_mask": [0, 1]}, readers.LENGTH_MISMATCH),
+    ({"input_ids": [1, 2], "loss_mask": [0, 2]}, readers.MASK_NOT_BINARY),
+    ({"input_ids": [-1, 2], "loss_mask": [0, 1]}, readers.ID_OUT_OF_RANGE),
+    ({"input_ids": [1, 100], "loss_mask": [0, 1]}, readers.ID_OUT_OF_RANGE),
+    ({"input_ids": [], "loss_mask": []}, readers.NO_TOKENS),
+    ({"input_ids": [1, 2], "loss_mask": [0, 0]}, readers.NO_LOSS_TOKENS),
+    ({"input_ids": ["a"], "loss_mask": [1]}, readers.BAD_TOKENS),
+])
+def test_bad_tokenized_records(tmp_path, record, reason):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"input_ids": [5, 99], "loss_mask": [0, 1]}) + "\n" + json.dumps(record) + "\n")
+    items = _lines(path, "tokenized", vocab_size=100)
+    assert isinstance(items[0], TokenRecord) and items[0].input_ids.tolist() == [5, 99]
+    assert (items[1].line, items[1].reason) == (2, reason)
+
+
+def test_sharegpt_gz_and_parquet_read_the_same(tmp_path):
+    rec = {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"},
+                             {"from": "gpt", "value": "a"}, {"from": "function_call",
+                                                            "value": '{"name": "f", "arguments": {"x": 1}}'},
+                             {"from": "observation", "value": "r"}, {"from": "gpt", "value": "b"}]}
+    gz = tmp_path / "s.jsonl.gz"
+    with gzip.open(gz, "wt") as f:
+        f.write(json.dumps(rec) + "\n")
+    pq.write_table(pa.table({"conversations": [json.dumps(rec["conversations"])]}), tmp_path / "s.parquet")
+    a, = _lines(gz, "sharegpt")
+    b, = _lines(tmp_path / "s.parquet", "sharegpt")
+    assert a.messages == b.messages
+    assert [m["role"] for m in a.messages] == ["system", "user", "assistant", "assistant", "tool", "assistant"]
+    assert a.messages[3]["tool_calls"][0]["function"] == {"name": "f", "arguments": {"x": 1}}
+
+
+def test_parquet_struct_messages_drop_none_fields(tmp_path):
+    table = pa.table({"messages": [[{"role": "user", "content": "q", "tool_calls": None},
+                                    {"role": "assistant", "content": "a", "tool_calls": None}]]})
+    pq.write_table(table, tmp_path / "m.parquet")
+    item, = _lines(tmp_path / "m.parquet", "messages")
+    assert item.messages == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+
+
+def test_reasoning_and_content_parts(tmp_path):
+    rec = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                        {"role": "assistant", "content": "c", "reasoning": "think"}]}
+    (tmp_path / "r.jsonl").write_text(json.dumps(rec) + "\n")
+    item, = _lines(tmp_path / "r.jsonl", "messages")
+    assert item.messages[0]["content"] == "ab" and item.messages[1]["reasoning_content"] == "think"
+
+
+def test_missing_empty_and_blank_files(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        _lines(tmp_path / "nope.jsonl", "messages")
+    (tmp_path / "e.jsonl").write_text("")
+    with pytest.raises(InputError, match="is empty"):
+        _lines(tmp_path / "e.jsonl", "messages")
+    (tmp_path / "b.jsonl").write_text("\n\n")
+    with pytest.raises(InputError, match="no records"):
+        _lines(tmp_path / "b.jsonl", "messages")
+    (tmp_path / "bad.jsonl.gz").write_text("not gzip")
+    with pytest.raises(InputError, match="cannot read"):
+        _lines(tmp_path / "bad.jsonl.gz", "messages")
