@@ -1,0 +1,94 @@
+"""Stats table: per-dataset numbers, shares, and the A1-style flag with its extraction cost."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from eagle3 import storage
+from eagle3.cli import main
+from eagle3.errors import InputError
+from eagle3.stats import bytes_per_token, compute_stats, format_table
+
+
+def write_dataset(prep, name: str, lengths: list[int], category: str = "chat") -> None:
+    folder = prep / name
+    folder.mkdir(parents=True)
+    ids = [list(range(n)) for n in lengths]
+    masks = [[0] * (n // 2) + [1] * (n - n // 2) for n in lengths]
+    pq.write_table(pa.table({
+        "id": [f"{name}{i}" for i in range(len(lengths))],
+        "input_ids": pa.array(ids, pa.list_(pa.int32())), "loss_mask": pa.array(masks, pa.list_(pa.uint8())),
+        "num_tokens": pa.array(lengths, pa.int32()),
+        "num_loss_tokens": pa.array([n - n // 2 for n in lengths], pa.int32()),
+        "source": [name] * len(lengths)}), folder / "tokenized.parquet")
+    (folder / "stats.json").write_text(json.dumps({"category": category, "rejected": 1}))
+
+
+@pytest.fixture
+def prep(tmp_path):
+    # The seed's A1 case: 7% of the samples, 32% of the tokens.
+    write_dataset(tmp_path, "a1", [400] * 6 + [4700], category="long")
+    write_dataset(tmp_path, "b", [160] * 50)
+    write_dataset(tmp_path, "c", [100, 120, 140, 160, 180] * 8 + [160, 160, 160])
+    write_dataset(tmp_path, "d", [500, 500])  # 2x its sample share, but only ~4% of the tokens
+    return tmp_path
+
+
+def test_numbers_shares_and_flag(prep):
+    result = compute_stats(str(prep), max_seq_len=4096, hidden_size=7168, tokens_per_s=10_000)
+    rows = {r["dataset"]: r for r in result["datasets"]}
+    a1 = rows["a1"]
+    lengths = np.array([400] * 6 + [4700])
+    assert (a1["samples"], a1["tokens"], a1["tokens_max"]) == (7, 7100, 4700)
+    assert a1["tokens_mean"] == pytest.approx(lengths.mean())
+    assert (a1["tokens_p50"], a1["tokens_p95"]) == pytest.approx((np.percentile(lengths, 50), np.percentile(lengths, 95)))
+    assert a1["loss_tokens"] == 6 * 200 + 2350
+    assert a1["at_cap_share"] == pytest.approx(1 / 7)
+    assert a1["category"] == "long" and a1["rejected"] == 1
+    total_tokens = 7100 + 50 * 160 + sum([100, 120, 140, 160, 180]) * 8 + 480 + 1000
+    assert result["totals"]["tokens"] == total_tokens
+    assert a1["sample_share"] == pytest.approx(7 / 102)
+    assert a1["token_share"] == pytest.approx(7100 / total_tokens)
+    assert [f["dataset"] for f in result["flags"]] == ["a1"]
+    flag = result["flags"][0]
+    assert flag["extract_bytes"] == (6 * 400 + 4096) * (8 * 7168 + 5)  # truncated at max_seq_len
+    assert flag["extract_hours"] == pytest.approx((6 * 400 + 4096) / 10_000 / 3600)
+    assert "6.9% of samples but 32.0% of tokens" in flag["message"]
+    assert rows["d"]["token_share"] >= 2 * rows["d"]["sample_share"] and not rows["d"]["flagged"]
+
+
+def test_files_and_table(prep):
+    result = compute_stats(str(prep))
+    saved = json.loads((prep / "stats_table.json").read_text())
+    assert saved["flags"] == json.loads(json.dumps(result["flags"]))
+    text = (prep / "stats_table.txt").read_text()
+    assert text.strip() == format_table(result)
+    header = text.splitlines()[0].split()
+    assert header[:4] == ["dataset", "samples", "tokens", "mean"] and "%tokens" in header
+    assert "FLAG a1:" in text and "<-- FLAG" in text.splitlines()[1]
+
+
+def test_cli_prints_table(prep, capsys):
+    assert main(["stats", "--prepared", str(prep), "--hidden-size", "576"]) == 0
+    out = capsys.readouterr().out
+    assert "FLAG a1" in out and "H=576" in out
+    assert bytes_per_token(576) == 4613
+
+
+def test_empty_prepared_folder(tmp_path):
+    with pytest.raises(InputError, match="run `eagle3 tokenize` first"):
+        compute_stats(str(tmp_path))
+
+
+def test_stats_on_s3(prep, s3_bucket):
+    for name in ("a1", "b"):
+        for f in ("tokenized.parquet", "stats.json"):
+            storage.put_file(prep / name / f, f"{s3_bucket}/prep/{name}/{f}")
+    result = compute_stats(f"{s3_bucket}/prep")
+    assert [r["dataset"] for r in result["datasets"]] == ["a1", "b"]
+    assert storage.exists(f"{s3_bucket}/prep/stats_table.txt")
