@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", default="bf16", choices=["bf16", "fp8", "fp8-topk"],
                         help="bf16: 8H bytes/token; fp8: 4H+8; fp8-topk: 3H+102 (top-16 log-probs stand in for last)")
     parser.add_argument("--token-budget", type=int, default=8192, help="padded tokens per forward pass")
-    parser.add_argument("--shard-mb", type=int, default=256, help="target shard size in MiB")
+    parser.add_argument("--shard-mb", type=float, default=256, help="target shard size in MiB")
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
     parser.add_argument("--tokens-per-s", type=float, default=None,
                         help="throughput for the up-front estimate (default: measured on the first batch)")

@@ -45,7 +45,7 @@ class ExtractConfig:
     """Storage option: bf16 (8H bytes/token), fp8 (4H+8) or fp8-topk (3H+102); see eagle3.extract.codec."""
     token_budget: int = 8192
     """Padded tokens per forward pass (batch size x longest sample). Halved after an OOM."""
-    shard_mb: int = 256
+    shard_mb: float = 256
     """Target shard size in MiB (of per-token payload)."""
     device: str = "auto"
     """cpu, cuda, or auto (cuda when a GPU is visible)."""
@@ -61,8 +61,8 @@ class ExtractConfig:
             object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
         codec.check_option(self.storage)
         parse_shard(self.shard)
-        if self.token_budget < 1 or self.shard_mb < 1:
-            raise InputError(f"token_budget={self.token_budget}, shard_mb={self.shard_mb}: both must be >= 1")
+        if self.token_budget < 1 or self.shard_mb <= 0:
+            raise InputError(f"token_budget={self.token_budget}, shard_mb={self.shard_mb}: need token_budget >= 1 and shard_mb > 0")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise InputError(f"device={self.device!r}: use cpu, cuda or auto")
 
@@ -140,7 +140,7 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
             log.info("token budget %d from %s (after an out-of-memory), not %d", adapted, writer.adapt_path(), budget)
             budget = adapted
     bpt = codec.bytes_per_token(cfg.storage, cap.hidden_size)
-    shards = cut_shards(todo, max(1, cfg.shard_mb * 2**20 // bpt))
+    shards = cut_shards(todo, max(1, int(cfg.shard_mb * 2**20) // bpt))
     plan = [cut_batches(sh, budget) for sh in shards]
     real, padded = padding_share([b for batches in plan for b in batches])
     summary = {
