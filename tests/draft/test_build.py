@@ -51,3 +51,25 @@ def test_build_draft_rejects_unknown_init(tiny_llama_dir):
     cfg = DraftConfig.from_target_dir(tiny_llama_dir, draft_vocab_size=300)
     with pytest.raises(InputError, match="init"):
         build_draft(cfg, tiny_llama_dir, *_vocab(), init="zeros")
+
+
+def test_read_target_tensors_sharded_and_tied(tmp_path, tiny_llama_dir):
+    """A sharded target (index json) is read by name; a tied one answers lm_head with the embedding."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    full = load_file(f"{tiny_llama_dir}/model.safetensors")
+    names = sorted(n for n in full if n != "lm_head.weight")  # tied: no lm_head tensor
+    half = len(names) // 2
+    save_file({n: full[n] for n in names[:half]}, str(tmp_path / "a.safetensors"))
+    save_file({n: full[n] for n in names[half:]}, str(tmp_path / "b.safetensors"))
+    index = {n: ("a.safetensors" if i < half else "b.safetensors") for i, n in enumerate(names)}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+    shutil.copy(f"{tiny_llama_dir}/config.json", tmp_path / "config.json")
+    got = read_target_tensors(str(tmp_path), ["model.norm.weight", "model.layers.7.mlp.up_proj.weight",
+                                              "lm_head.weight", "model.nonexistent"])
+    assert set(got) == {"model.norm.weight", "model.layers.7.mlp.up_proj.weight", "lm_head.weight"}
+    assert torch.equal(got["lm_head.weight"], full["model.embed_tokens.weight"])
+    assert torch.equal(got["model.layers.7.mlp.up_proj.weight"], full["model.layers.7.mlp.up_proj.weight"])
