@@ -145,9 +145,17 @@ def save(out: str, step: int, model: dict, optimizer: dict, state: dict, config:
         final = root / name
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
         _write_files(tmp, model, optimizer, state, config, save_file)
-        if final.exists():  # an earlier run got this far and died before latest.json
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        if final.exists():
+            # Same step saved again (the OOM path re-saves the current step with a
+            # smaller micro-batch): move the old folder aside first. A kill between
+            # the two renames leaves latest.json dangling; load_latest then falls
+            # back to the newest complete folder.
+            trash = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".old.tmp", dir=root))
+            os.rename(final, trash / name)
+            os.rename(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
         _fsync_dir(root)
     storage.write_json(storage.join(out, LATEST), {"step": step, "dir": name})
     _prune(out, keep)
@@ -198,6 +206,12 @@ def _prune(out: str, keep: int) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def latest_dir(out: str) -> str | None:
+    """The step folder latest.json points at (None before the first save)."""
+    uri = storage.join(str(out), LATEST)
+    return storage.join(str(out), storage.read_json(uri)["dir"]) if storage.exists(uri) else None
+
+
 def load_latest(out: str) -> Checkpoint | None:
     """The checkpoint ``latest.json`` points at, or None when there is none yet."""
     from safetensors.torch import load_file
@@ -211,8 +225,14 @@ def load_latest(out: str) -> Checkpoint | None:
         d = storage.join(out, latest["dir"])
     except (ValueError, KeyError) as e:
         raise InputError(f"unreadable checkpoint pointer ({e}); delete it to start over", file=latest_uri) from e
+    step = int(latest["step"])
+    if not storage.exists(storage.join(d, STATE_FILE)):  # killed mid re-save of the same step
+        steps = list_steps(out)
+        if not steps:
+            return None
+        step, d = steps[-1], storage.join(out, step_dir_name(steps[-1]))
     return Checkpoint(
-        step=int(latest["step"]),
+        step=step,
         uri=d,
         model=load_file(storage.local_path(storage.join(d, MODEL_FILE))),
         optimizer=load_file(storage.local_path(storage.join(d, OPTIMIZER_FILE))),

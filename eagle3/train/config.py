@@ -1,0 +1,92 @@
+"""TrainConfig: every knob of `eagle3 train`, validated on creation (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eagle3.errors import InputError
+
+INIT_CHOICES = ("target", "random")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. A resumed run takes micro_batch_tokens/grad_accum from the checkpoint."""
+
+    store: str
+    """Hidden-state store (the key folder or a root holding exactly one); local or s3://."""
+    vocab: str
+    """Vocab folder with vocab.safetensors (d2t [Vd], t2d [V]) and vocab.json."""
+    out: str
+    """Checkpoint folder CKPT (step-<n>/, latest.json, metrics.jsonl); local or s3://."""
+    target: str | None = None
+    """Target model (dir, s3 prefix or alias) for the frozen embedding and lm_head; default: store.json model_name."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps in total (0: run all epochs)."""
+    epochs: int = 1
+    """Passes over the training split."""
+    ttt_length: int = 7
+    """Training-time-test steps (the draft's chain length during training)."""
+    lr: float = 1e-4
+    """Peak learning rate of the cosine schedule."""
+    warmup_ratio: float = 0.02
+    """Share of the total steps spent in linear warm-up (at least 1 step)."""
+    min_lr_ratio: float = 0.1
+    """The cosine ends at lr * min_lr_ratio."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    grad_clip: float = 0.5
+    """Max global gradient norm."""
+    token_budget: int = 4096
+    """Micro-batch size in padded tokens (rows x longest row), per process."""
+    grad_accum: int = 1
+    """Gradient accumulation factor: a step holds token_budget x grad_accum x processes real tokens."""
+    seed: int = 0
+    """Seeds the draft init and the per-epoch data order."""
+    init: str = "target"
+    """Fresh draft init: "target" (copy shapes that fit from the target) or "random"."""
+    eval_every: int = 100
+    """Evaluate on the held-out split every N steps (and at the end); 0: only at the end."""
+    heldout_share: float = 0.03
+    """Share of samples (by id hash) held out for evaluation."""
+    log_every: int = 10
+    """Write a metrics line and a progress line every N steps."""
+    save_every: int = 100
+    """Checkpoint every N steps (and at the end, and on OOM)."""
+    keep: int = 2
+    """Checkpoints kept."""
+    device: str = "auto"
+    """"auto" (cuda:LOCAL_RANK when available, else cpu), "cpu" or "cuda"."""
+
+    def __post_init__(self) -> None:
+        positive = ("epochs", "ttt_length", "token_budget", "grad_accum", "keep", "log_every", "save_every")
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise InputError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("max_steps", "eval_every"):
+            if int(getattr(self, name)) < 0:
+                raise InputError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.lr > 0:
+            raise InputError(f"TrainConfig.lr must be > 0, got {self.lr!r}")
+        if not 0 <= self.heldout_share < 0.5:
+            raise InputError(f"TrainConfig.heldout_share must be in [0, 0.5), got {self.heldout_share!r}")
+        if not 0 <= self.warmup_ratio < 1 or not 0 <= self.min_lr_ratio <= 1:
+            raise InputError("TrainConfig.warmup_ratio must be in [0,1) and min_lr_ratio in [0,1]")
+        if self.init not in INIT_CHOICES:
+            raise InputError(f"TrainConfig.init={self.init!r} is not one of {', '.join(INIT_CHOICES)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise InputError(f"TrainConfig.device={self.device!r}; use auto, cpu or cuda")
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine from lr to lr * min_lr_ratio; a pure function of the step."""
+    import math
+
+    warmup = max(1, int(round(cfg.warmup_ratio * total)))
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))

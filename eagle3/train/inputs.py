@@ -1,0 +1,113 @@
+"""Everything a training run reads before its first step, checked up front.
+
+Bad input raises InputError naming the file and the fix (exit code 2, never
+retried): a missing store or vocab, a vocab map built for another vocabulary,
+a target that is not the model the store was extracted from.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from eagle3 import storage
+from eagle3.draft import DraftConfig
+from eagle3.errors import InputError
+from eagle3.train import data
+from eagle3.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainInputs:
+    cfg: TrainConfig
+    store: object  # eagle3.extract.store.HiddenStateStore
+    target_dir: str
+    draft_config: DraftConfig
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+    lengths: dict[str, int]
+    train_ids: list[str]
+    heldout_ids: list[str]
+
+    def loss_mask(self, sample_id: str) -> torch.Tensor:
+        """One sample's loss_mask read alone (not its hidden states): the loss denominators need only this."""
+        shard, i = self.store._locate(sample_id)  # noqa: SLF001 - no public per-tensor reader yet
+        f, offsets = self.store._handle(shard)  # noqa: SLF001
+        return f.get_slice("loss_mask")[offsets[i]: offsets[i + 1]]
+
+    def fresh_draft(self):
+        from eagle3.draft import build_draft
+
+        return build_draft(self.draft_config, self.target_dir, self.d2t, self.t2d, init=self.cfg.init,
+                           seed=self.cfg.seed)
+
+    def draft_from_checkpoint(self, ckpt):
+        """The checkpoint's draft, with ITS d2t/t2d: an lm_head's rows mean something only under its own map."""
+        from eagle3.draft import Eagle3Draft, load_target_embedding
+
+        cfg = DraftConfig.from_dict(ckpt.config, where=storage.join(ckpt.uri, "config.json"))
+        if not torch.equal(ckpt.model["d2t"], self.d2t):
+            log.warning("%s holds another vocab map than %s; keeping the checkpoint's d2t/t2d",
+                        ckpt.uri, self.cfg.vocab)
+        return Eagle3Draft.from_state_dict(cfg, ckpt.model, load_target_embedding(self.target_dir))
+
+    def target_head(self, device) -> torch.Tensor | None:
+        """The target's lm_head [V,H] when the store keeps `last` states (None for top-k stores)."""
+        from eagle3.draft import load_target_head
+        from eagle3.extract.codec import OPTIONS
+
+        if OPTIONS[self.store.storage] != "last":
+            return None
+        return load_target_head(self.target_dir).to(device)
+
+
+def load_vocab(uri: str) -> tuple[torch.Tensor, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    path = storage.join(uri, "vocab.safetensors")
+    if not storage.exists(path):
+        raise InputError(f"no vocab map at {path}; build it with `eagle3 vocab --merged MERGED --out {uri}`")
+    t = load_file(storage.local_path(path))
+    if "d2t" not in t or "t2d" not in t:
+        raise InputError(f"{path} lacks d2t/t2d (has {sorted(t)}); rebuild it with `eagle3 vocab`")
+    return t["d2t"].long(), t["t2d"].bool()
+
+
+def load_inputs(cfg: TrainConfig) -> TrainInputs:
+    from eagle3.extract.store import HiddenStateStore
+    from eagle3.target import model_fingerprint, resolve_model
+
+    store = HiddenStateStore(cfg.store)
+    d2t, t2d = load_vocab(cfg.vocab)
+    name = cfg.target or store.info.get("model_name")
+    if not name:
+        raise InputError(f"{store.uri}/store.json names no model_name; pass --target")
+    target_dir = resolve_model(name)
+    target_cfg = storage.read_json(storage.join(target_dir, "config.json"))
+    vocab_size = int(target_cfg.get("vocab_size", -1))
+    if t2d.shape[0] != vocab_size:
+        raise InputError(f"vocab map t2d has {t2d.shape[0]} entries but the target {name} has vocab_size "
+                         f"{vocab_size}; rebuild the map for this target with `eagle3 vocab`", file=cfg.vocab)
+    if int(store.info.get("vocab_size", vocab_size)) != vocab_size:
+        raise InputError(f"store vocab_size {store.info['vocab_size']} != target {name} vocab_size {vocab_size}",
+                         file=storage.join(store.uri, "store.json"))
+    stored_fp = store.info.get("model_fingerprint")
+    if stored_fp and stored_fp != model_fingerprint(target_dir):
+        raise InputError(f"the store was extracted from model {stored_fp}, but --target {name} is "
+                         f"{model_fingerprint(target_dir)}; pass the target the store was built from",
+                         file=storage.join(store.uri, "store.json"))
+    dcfg = DraftConfig.from_target(target_cfg, int(d2t.shape[0]), list(store.layers), target_model=name,
+                                   target_fingerprint=stored_fp)
+    if dcfg.hidden_size != int(store.hidden_size):
+        raise InputError(f"store hidden_size {store.hidden_size} != target hidden_size {dcfg.hidden_size}",
+                         file=storage.join(store.uri, "store.json"))
+    ids = store.sample_ids()
+    if not ids:
+        raise InputError(f"the store {store.uri} holds no samples; run `eagle3 extract` first")
+    lengths = {sid: store.num_tokens(sid) for sid in ids}
+    train_ids, heldout = data.heldout_split(ids, cfg.heldout_share)
+    return TrainInputs(cfg, store, target_dir, dcfg, d2t, t2d, lengths, train_ids, heldout)

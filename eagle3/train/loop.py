@@ -1,0 +1,246 @@
+"""The training loop: `train(cfg) -> summary`.
+
+One optimizer step = one global batch of the deterministic plan (eagle3/train/
+data.py). Every rank runs its slice of it as micro-batches, the gradients are
+summed across micro-batches and ranks, clipped, and AdamW (fp32 master
+weights; bf16 autocast on CUDA) steps with a cosine schedule. The run can be
+killed at any moment: it resumes from CKPT/latest.json with the same weights,
+optimizer moments, data position and RNG states, so the loss curve continues
+as if nothing happened. An out-of-memory saves the state with half the
+micro-batch and twice the accumulation and raises GpuOutOfMemory (exit 75).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from eagle3.errors import GpuOutOfMemory
+from eagle3.progress import Progress
+from eagle3.train import checkpoint, data, distributed, objective, oom
+from eagle3.train.config import TrainConfig, lr_at
+from eagle3.train.inputs import TrainInputs, load_inputs
+from eagle3.train.metrics import MetricsLog
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train (or resume) the draft described by ``cfg``; returns a JSON-able summary.
+
+    Raises InputError for bad input (never retried) and GpuOutOfMemory after
+    an OOM whose adapted state is saved (retry to resume).
+    """
+    dist = distributed.setup(cfg.device)
+    try:
+        return Trainer(cfg, load_inputs(cfg), dist).run()
+    finally:
+        dist.close()
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, inputs: TrainInputs, dist: distributed.Dist):
+        self.cfg, self.inp, self.dist = cfg, inputs, dist
+        self.device = torch.device(dist.device)
+        self.lengths = inputs.lengths
+        self.ckpt = checkpoint.load_latest(cfg.out)
+        if self.ckpt is None:
+            self.model = inputs.fresh_draft().to(self.device)
+            self.step, self.pos = 0, data.Position()
+            self.micro, self.accum = cfg.token_budget, cfg.grad_accum
+            self.global_tokens = cfg.token_budget * cfg.grad_accum * dist.world
+        else:
+            st = self.ckpt.state
+            self.model = inputs.draft_from_checkpoint(self.ckpt).to(self.device)
+            self.step, self.pos = self.ckpt.step, data.Position(**st["position"])
+            self.micro, self.accum, self.global_tokens = st["micro_batch_tokens"], st["grad_accum"], st["global_tokens"]
+            if (self.micro, self.accum) != (cfg.token_budget, cfg.grad_accum):
+                log.info("resuming with the checkpoint's micro-batch %d tokens x grad_accum %d "
+                         "(not --token-budget %d --grad-accum %d)", self.micro, self.accum,
+                         cfg.token_budget, cfg.grad_accum)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.names = {p: n for n, p in self.model.named_parameters()}
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        if self.ckpt is not None:
+            checkpoint.load_optimizer(self.opt, self.ckpt.optimizer, self.ckpt.state["optimizer"], self.names)
+            checkpoint.set_rng_state(self.ckpt.state["rng"])
+        self.plans: dict[int, list[list[str]]] = {}
+        self.total_steps = self._total_steps()
+        self.head = inputs.target_head(self.device)
+        self.d2t, self.t2d = self.model.d2t, self.model.t2d
+        self.metrics = MetricsLog(cfg.out, enabled=dist.is_main, truncate_after=self.step)
+        self.autocast = self.device.type == "cuda"
+
+    # -- plan -----------------------------------------------------------------
+    def plan(self, epoch: int) -> list[list[str]]:
+        if epoch not in self.plans:
+            self.plans[epoch] = data.global_batches(self.inp.train_ids, self.lengths, self.global_tokens,
+                                                    self.cfg.seed, epoch)
+        return self.plans[epoch]
+
+    def _total_steps(self) -> int:
+        total = sum(len(self.plan(e)) for e in range(self.cfg.epochs))
+        return min(total, self.cfg.max_steps) if self.cfg.max_steps else total
+
+    # -- one micro-batch --------------------------------------------------------
+    def _micro(self, ids: list[str], denominators: torch.Tensor, grad: bool):
+        oom.maybe_inject(data.padded_tokens(ids, self.lengths))
+        batch = data.collate(self.inp.store, ids, self.device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+            with torch.no_grad():
+                target_logits, in_draft = objective.targets(batch, self.head, self.d2t, self.t2d)
+            with torch.set_grad_enabled(grad):
+                res = objective.ttt_sums(self.model, batch, target_logits, in_draft, denominators.to(self.device),
+                                         self.cfg.ttt_length)
+        if grad:
+            res.loss.backward()
+        return res
+
+    def _run(self, ids: list[str], denominators: torch.Tensor, grad: bool) -> tuple[torch.Tensor, bool]:
+        """Sums [loss, loss_sums(S), correct(S), counts(S)] over this rank's micro-batches, and an OOM flag."""
+        s = self.cfg.ttt_length
+        sums = torch.zeros(1 + 3 * s, dtype=torch.float64)
+        try:
+            for mb in data.micro_batches(ids, self.lengths, self.micro):
+                res = self._micro(mb, denominators, grad)
+                sums += torch.cat([res.loss.detach().reshape(1).double().cpu(), res.loss_sums.double().cpu(),
+                                   res.correct.double().cpu(), res.counts.double().cpu()])
+                del res
+            return sums, False
+        except Exception as e:  # noqa: BLE001 - anything but an OOM is re-raised
+            if not oom.is_oom(e):
+                raise
+            log.warning("out of memory on rank %d with micro-batch %d tokens: %s", self.dist.rank, self.micro, e)
+            return sums, True
+
+    def _denominators(self, batch: list[str]) -> torch.Tensor:
+        return objective.step_denominators([self.inp.loss_mask(s) for s in batch], self.cfg.ttt_length)
+
+    # -- OOM ----------------------------------------------------------------------
+    def _on_oom(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        old = (self.micro, self.accum)
+        self.micro, self.accum = oom.halve(self.micro, self.accum, max(self.lengths.values()))
+        self.save()  # the weights are those after the last completed step
+        raise GpuOutOfMemory(
+            f"out of memory with micro-batch {old[0]} tokens x grad_accum {old[1]} at step {self.step}; saved "
+            f"{self.cfg.out} with micro-batch {self.micro} x grad_accum {self.accum} (same effective batch); "
+            "re-run the same command to resume"
+        )
+
+    # -- checkpoint -----------------------------------------------------------------
+    def save(self) -> None:
+        if self.dist.is_main:
+            tensors, opt_meta = checkpoint.optimizer_tensors(self.opt, self.names)
+            state = {
+                "position": self.pos.to_dict(), "micro_batch_tokens": self.micro, "grad_accum": self.accum,
+                "global_tokens": self.global_tokens, "world_size": self.dist.world, "optimizer": opt_meta,
+                "rng": checkpoint.rng_state(), "total_steps": self.total_steps,
+                "lr": lr_at(max(self.step - 1, 0), self.total_steps, self.cfg),
+                "schedule": {"kind": "cosine", "warmup_ratio": self.cfg.warmup_ratio,
+                             "min_lr_ratio": self.cfg.min_lr_ratio, "peak_lr": self.cfg.lr},
+                "train_config": {k: getattr(self.cfg, k) for k in self.cfg.__dataclass_fields__},
+            }
+            checkpoint.save(self.cfg.out, self.step, self.model.state_dict(), tensors, state,
+                            self.model.config.to_dict(), keep=self.cfg.keep)
+            self.metrics.flush()
+        self.dist.barrier()
+
+    # -- evaluation ------------------------------------------------------------------
+    def evaluate(self) -> dict | None:
+        held = self.inp.heldout_ids
+        if not held:
+            return None
+        self.model.eval()
+        mine = data.rank_slice(held, self.lengths, self.dist.rank, self.dist.world)
+        sums, failed = self._run(mine, torch.ones(self.cfg.ttt_length), grad=False)
+        self.model.train()
+        if self.dist.all_reduce(torch.tensor([float(failed)]), op="max").item():
+            self._on_oom()
+        self.dist.all_reduce(sums)
+        m = self._metrics(sums, loss=None)
+        m.update(event="eval", step=self.step, heldout_samples=len(held),
+                 heldout_tokens=sum(self.lengths[s] for s in held))
+        self.metrics.write(m)
+        log.info("eval step %d: simulated acceptance length %.3f, acc %s", self.step, m["sim_accept_len"],
+                 " ".join(f"{a:.3f}" for a in m["acc_i"]))
+        return m
+
+    def _metrics(self, sums: torch.Tensor, loss: float | None) -> dict:
+        from eagle3.draft.ttt import metrics_from_sums
+
+        s = self.cfg.ttt_length
+        m = metrics_from_sums(float(sums[0]) if loss is None else loss, sums[1:1 + s], sums[1 + s:1 + 2 * s],
+                              sums[1 + 2 * s:])
+        # "loss": sum_i 0.8^i * loss_i (per-step means over trained positions), comparable between train
+        # and eval; "objective": what the optimizer minimized (global denominators, see objective.py).
+        m["objective"] = m["loss"]
+        m["loss"] = sum(0.8 ** i * m[f"loss_{i}"] for i in range(s))
+        m["loss_i"] = [m[f"loss_{i}"] for i in range(s)]
+        m["acc_i"] = [m[f"acc_{i}"] for i in range(s)]
+        return m
+
+    # -- the loop ----------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg, dist = self.cfg, self.dist
+        todo = [b for e in range(cfg.epochs) for b in self.plan(e)][self.step: self.total_steps]
+        progress = Progress("train", total_samples=sum(map(len, todo)),
+                            total_tokens=sum(self.lengths[s] for b in todo for s in b))
+        run_tokens, t0 = 0, time.monotonic()
+        last_eval = None
+        log.info("training %d steps (from step %d), %d train / %d held-out samples, micro-batch %d tokens x "
+                 "grad_accum %d x %d process(es), %d tokens per step", self.total_steps, self.step,
+                 len(self.inp.train_ids), len(self.inp.heldout_ids), self.micro, self.accum, dist.world,
+                 self.global_tokens)
+        while self.step < self.total_steps:
+            batches = self.plan(self.pos.epoch)
+            if self.pos.index >= len(batches):
+                self.pos = data.Position(self.pos.epoch + 1, 0)
+                continue
+            gb = batches[self.pos.index]
+            denominators = self._denominators(gb)
+            mine = data.rank_slice(gb, self.lengths, dist.rank, dist.world)
+            self.opt.zero_grad(set_to_none=True)
+            sums, failed = self._run(mine, denominators, grad=True)
+            if dist.all_reduce(torch.tensor([float(failed)]), op="max").item():
+                self._on_oom()
+            dist.all_reduce_grads(self.params)
+            dist.all_reduce(sums)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
+            lr = lr_at(self.step, self.total_steps, cfg)
+            for g in self.opt.param_groups:
+                g["lr"] = lr
+            self.opt.step()
+            self.step += 1
+            self.pos = data.Position(self.pos.epoch, self.pos.index + 1)
+            tokens = sum(self.lengths[s] for s in gb)
+            run_tokens += tokens
+            progress.update(samples=len(gb), tokens=tokens)
+            if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                m = self._metrics(sums, loss=float(sums[0]))
+                m.update(event="train", step=self.step, epoch=self.pos.epoch, lr=lr, grad_norm=grad_norm,
+                         tokens=tokens, tokens_per_s=run_tokens / max(time.monotonic() - t0, 1e-9),
+                         micro_batch_tokens=self.micro, grad_accum=self.accum, world_size=dist.world)
+                self.metrics.write(m)
+                log.info("step %d/%d loss %.4f acc_0 %.3f lr %.2e | %s", self.step, self.total_steps, m["loss"],
+                         m["acc_0"], lr, progress.line())
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
+                last_eval = self.evaluate()
+            if self.step % cfg.save_every == 0 and self.step < self.total_steps:
+                self.save()
+        last_eval = self.evaluate() or last_eval
+        self.save()
+        progress.finish()
+        elapsed = time.monotonic() - t0
+        return {
+            "checkpoint": checkpoint.latest_dir(cfg.out), "steps": self.step, "total_steps": self.total_steps,
+            "tokens": run_tokens, "tokens_per_s": run_tokens / max(elapsed, 1e-9), "seconds": elapsed,
+            "sim_accept_len": last_eval["sim_accept_len"] if last_eval else None,
+            "heldout_acc": last_eval["acc_i"] if last_eval else None,
+            "micro_batch_tokens": self.micro, "grad_accum": self.accum, "world_size": dist.world,
+            "metrics": self.metrics.uri,
+        }

@@ -1,0 +1,104 @@
+"""The quantity the optimizer sees: TTT loss normalized over the GLOBAL batch.
+
+`eagle3.draft.ttt.ttt_forward` averages each TTT step over the positions of the
+micro-batch it is given. Summed over micro-batches or ranks, such means weight
+samples by which micro-batch they landed in, so halving the micro-batch after
+an OOM, or splitting a batch over 2 ranks, would change the gradient. Here each
+step's summed loss is divided by a denominator N_i counted over the whole
+global batch from the data alone (loss positions t+2+i inside the sample), so
+
+    loss = sum_i 0.8^i * S_i(micro) / N_i(global)
+
+and the gradients of all micro-batches on all ranks add up to the same value
+whatever the split. Positions whose target argmax is outside the draft vocab
+count in N_i with zero loss (they are masked, as the draft's loss masks them).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from eagle3.draft import ttt
+
+
+def step_denominators(loss_masks: list, ttt_length: int) -> torch.Tensor:
+    """N_i = sum over samples of loss_mask[2+i:] (fp64 [ttt_length]).
+
+    ``loss_masks``: one 1-D tensor per sample of the global batch, unshifted,
+    as the store holds it (CONTRACTS.md alignment: step i at t is masked by
+    loss_mask[t+2+i]).
+    """
+    out = torch.zeros(ttt_length, dtype=torch.float64)
+    for m in loss_masks:
+        m = m.to(torch.float64)
+        for i in range(ttt_length):
+            out[i] += m[2 + i:].sum()
+    return out
+
+
+def targets(batch: dict, lm_head: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor):
+    """(target_logits_draft [B,T,Vd], target_argmax_in_draft [B,T]) for a collated micro-batch.
+
+    ``last`` (bf16/fp8 stores) goes through the target's lm_head; ``topk_ids``
+    + ``topk_logprobs`` (fp8-topk store) become logits that are the top-K
+    log-probs at their draft ids and very negative elsewhere.
+    """
+    if "last" in batch:
+        return ttt.target_from_last(batch["last"], lm_head, d2t, t2d)
+    ids, logp = batch["topk_ids"].long(), batch["topk_logprobs"].float()
+    draft_index = torch.full((t2d.shape[0],), -1, dtype=torch.long, device=ids.device)
+    draft_index[torch.arange(d2t.shape[0], device=ids.device) + d2t] = torch.arange(d2t.shape[0], device=ids.device)
+    where = draft_index[ids]  # [B,T,K], -1 when outside the draft vocab
+    logits = torch.full((*ids.shape[:-1], d2t.shape[0] + 1), -1e9, device=ids.device)
+    logits.scatter_(-1, torch.where(where >= 0, where, d2t.shape[0]), logp)
+    return logits[..., :-1], where[..., 0] >= 0
+
+
+def _supports_normalizer() -> bool:
+    return "normalizer" in inspect.signature(ttt.ttt_forward).parameters
+
+
+def ttt_sums(draft, batch: dict, target_logits: torch.Tensor, in_draft: torch.Tensor,
+             denominators: torch.Tensor, ttt_length: int) -> ttt.TTTResult:
+    """TTT over one micro-batch with the loss normalized by the global ``denominators``.
+
+    Uses ``ttt_forward(normalizer=...)`` when the draft module offers it;
+    otherwise runs the same steps through the draft's public pieces
+    (`ttt_step`, `positions_in_sample`, `step0_mask`). tests/train/
+    test_objective.py checks both paths agree with ``ttt_forward``.
+    """
+    segment_ids = batch["attention_mask"].long()
+    args = (draft, batch["input_ids"], batch["aux"], target_logits, in_draft, batch["loss_mask"], segment_ids)
+    if _supports_normalizer():
+        return ttt.ttt_forward(*args, ttt_length=ttt_length, normalizer=denominators)
+    return _ttt_global(*args, ttt_length=ttt_length, normalizer=denominators)
+
+
+def _shift(x: torch.Tensor, k: int, fill) -> torch.Tensor:
+    pad = torch.full_like(x[:, :k], fill)
+    return torch.cat([x[:, k:], pad], dim=1)
+
+
+def _ttt_global(draft, input_ids, aux, target_logits, in_draft, loss_mask, segment_ids, *, ttt_length,
+                normalizer, step_decay: float = ttt.DEFAULT_STEP_DECAY) -> ttt.TTTResult:
+    # Same alignment as ttt.ttt_forward (docs/CONTRACTS.md); only the divisor differs.
+    loss_mask, in_draft = loss_mask.bool(), in_draft.bool()
+    pos, mask0 = ttt.positions_in_sample(segment_ids), ttt.step0_mask(segment_ids)
+    hidden = draft.project_aux(aux)
+    history: list = []
+    total = hidden.new_zeros((), dtype=torch.float32)
+    sums, correct, counts = [], [], []
+    for i in range(ttt_length):
+        logits, hidden = draft.ttt_step(_shift(input_ids, 1 + i, 0), hidden, pos + i, history, mask0)
+        target = _shift(target_logits, 1 + i, 0).float()
+        same = (_shift(segment_ids, 2 + i, -1) == segment_ids) & (segment_ids != 0)
+        mask = _shift(loss_mask, 2 + i, False) & _shift(in_draft, 1 + i, False) & same
+        ce = -(target.softmax(-1) * torch.log_softmax(logits.float(), -1)).sum(-1)
+        step_sum = (ce * mask).sum()
+        total = total + (step_decay ** i) * step_sum / max(float(normalizer[i]), 1.0)
+        sums.append(step_sum.detach())
+        correct.append(((logits.argmax(-1) == target.argmax(-1)) & mask).sum())
+        counts.append(mask.sum())
+    return ttt.TTTResult(total, torch.stack(sums), torch.stack(correct), torch.stack(counts))
