@@ -5,17 +5,18 @@ What it does, in order:
   2. truncates every sample to --max-seq-len, slicing loss_mask with it;
   3. drops samples left with no loss tokens, then exact duplicates (same
      input_ids and loss_mask after truncation); both counted per source;
-  4. shuffles: the kept samples are sorted by content id, then permuted with
-     numpy's PCG64 seeded by --seed, so the order depends only on the data and
-     the seed, never on file order or the machine;
+  4. shuffles: each kept sample gets the key splitmix64(first 64 bits of its content id
+     XOR splitmix64(seed)) and the file is sorted by (key, id): a uniform random order
+     per seed that depends only on the data, never on file order or the machine;
   5. writes train.parquet, manifest.json and, with --export-jsonl, the seed
      format train.jsonl ({"input_ids": [...], "loss_mask": [...]} per line).
 
-It works on Arrow columns and numpy, never on Python lists of tokens, and its
-memory stays bounded: pass 1 streams record batches and keeps ~100 bytes of
-metadata per sample; pass 2 streams again and routes each truncated row to one
-of B bucket files by output position; each bucket (at most --bucket-mb) is
-then sorted in memory and appended to the Parquet file.
+It works on Arrow columns and numpy, never on Python lists of tokens, and reads each
+prepared file once. Memory stays bounded: pass 1 streams record batches and appends
+each kept row to one of B bucket files by its key range (a sample's key is known as
+soon as it is read); the bucket phase then loads one bucket (about --bucket-mb) at a
+time, sorts it, removes duplicates (all copies share a key, so a bucket) and appends it
+to the Parquet file.
 
 Example:
   eagle3 merge --prepared PREP --out MERGED --max-seq-len 2048 --seed 42 --drop long_reports
@@ -33,11 +34,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from eagle3 import storage
 from eagle3.config import to_dict
 from eagle3.errors import InputError
-from eagle3.merge_arrays import (DROP_DUPLICATE, DROP_NO_LOSS, DROP_TRUNCATED_NO_LOSS, content_ids, output_schema,
-                                 read_batches, shuffle_order, truncate_batch)
+from eagle3.merge_arrays import (DROP_DUPLICATE, DROP_NO_LOSS, DROP_TRUNCATED_NO_LOSS, content_ids, gather_rows,
+                                 list_parts, output_schema, read_batches, rows_table, shuffle_keys, truncate_batch)
 
 log = logging.getLogger(__name__)
 
@@ -117,167 +120,148 @@ def _select(cfg: MergeConfig) -> tuple[dict[str, str], dict[str, str]]:
     return kept, dropped
 
 
-class _Meta:
-    """Per-sample metadata of pass 1, as growing numpy chunks."""
+class _Tally:
+    """Per-source counts of pass 1 and the bucket phase (everything manifest.json reports)."""
 
-    def __init__(self):
-        self.parts: dict[str, list] = {k: [] for k in
-                                       ("cid", "src", "sid", "tok_in", "tok_out", "loss_in", "loss_out")}
+    def __init__(self, name: str, uri: str):
+        self.name, self.rec = name, {
+            "file": uri, "samples_in": 0, "samples_out": 0, "tokens_in": 0, "tokens_out": 0,
+            "loss_tokens_in": 0, "loss_tokens_out": 0,
+            "truncated": {"samples": 0, "tokens_cut": 0, "loss_tokens_cut": 0},
+            "dropped": {}, "dropped_tokens": {}, "dropped_loss_tokens": {}}
 
-    def add(self, **cols):
-        for k, v in cols.items():
-            self.parts[k].append(v)
+    def seen(self, t) -> None:
+        r, tok_out = self.rec, np.diff(t.offsets)
+        r["samples_in"] += len(tok_out)
+        r["tokens_in"] += int(t.lengths_in.sum())
+        r["loss_tokens_in"] += int(t.loss_in.sum())
+        r["truncated"]["samples"] += int((tok_out < t.lengths_in).sum())
+        r["truncated"]["tokens_cut"] += int((t.lengths_in - tok_out).sum())
+        r["truncated"]["loss_tokens_cut"] += int((t.loss_in - t.loss_out).sum())
 
-    def arrays(self):
-        import numpy as np
+    def drop(self, reason: str, count: int, tokens: int, loss: int) -> None:
+        for key, v in (("dropped", count), ("dropped_tokens", tokens), ("dropped_loss_tokens", loss)):
+            self.rec[key][reason] = self.rec[key].get(reason, 0) + int(v)
 
-        return {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.parts.items()}
-
-
-def _pass1(sources: dict[str, str], cfg: MergeConfig, progress) -> dict:
-    import numpy as np
-
-    meta = _Meta()
-    for si, (name, uri) in enumerate(sources.items()):
-        for batch in read_batches(uri, cfg.batch_rows):
-            t = truncate_batch(batch, cfg.max_seq_len, uri)
-            n = len(t.lengths_in)
-            meta.add(cid=content_ids(t), src=np.full(n, si, np.int32), sid=t.source_ids.astype("U"),
-                     tok_in=t.lengths_in, tok_out=np.diff(t.offsets), loss_in=t.loss_in, loss_out=t.loss_out)
-            progress.update(samples=n, tokens=int(t.lengths_in.sum()))
-    return meta.arrays()
+    def kept(self, count: int, tokens: int, loss: int) -> None:
+        self.rec["samples_out"] += int(count)
+        self.rec["tokens_out"] += int(tokens)
+        self.rec["loss_tokens_out"] += int(loss)
 
 
-def _decide(m: dict, seed: int):
-    """Drop reasons per sample (None = kept) and the output position of each kept one."""
-    import numpy as np
+def _bucket_count(sources: dict[str, str], bucket_mb: float) -> int:
+    """Buckets so that one holds about bucket_mb of token data (from the Parquet metadata)."""
+    import pyarrow.parquet as pq
 
-    n = len(m["cid"])
-    reason = np.full(n, None, dtype=object)
-    no_loss = m["loss_out"] == 0
-    reason[no_loss & (m["loss_in"] > 0)] = DROP_TRUNCATED_NO_LOSS
-    reason[no_loss & (m["loss_in"] == 0)] = DROP_NO_LOSS
-    # Sort by (content id, source, source id): which copy of a duplicate is kept
-    # then depends only on content and names, not on file order.
-    order = np.lexsort((m["sid"], m["src"], m["cid"]))
-    order = order[~no_loss[order]]
-    cid_sorted = m["cid"][order]
-    dup = np.zeros(len(order), bool)
-    dup[1:] = cid_sorted[1:] == cid_sorted[:-1]
-    reason[order[dup]] = DROP_DUPLICATE
-    kept_sorted = order[~dup]
-    pos = np.full(n, -1, np.int64)
-    pos[kept_sorted[shuffle_order(len(kept_sorted), seed)]] = np.arange(len(kept_sorted))
-    return reason, pos
+    total = 0
+    for uri in sources.values():
+        meta = pq.ParquetFile(storage.local_path(uri)).metadata
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            total += sum(rg.column(c).total_uncompressed_size for c in range(rg.num_columns)
+                         if rg.column(c).path_in_schema.split(".")[0] in ("input_ids", "loss_mask", "id"))
+    return max(1, math.ceil(total / (bucket_mb * 2**20)))
 
 
-def _source_summaries(sources, m, reason, cfg) -> tuple[dict, list]:
-    import numpy as np
+def _route(sources, cfg: MergeConfig, tallies, drops, tmp: str, n_buckets: int, progress) -> list[str]:
+    """Pass 1: truncate, drop no-loss rows, and append every other row to the bucket of its shuffle key.
 
-    out, drops = {}, []
-    for si, (name, uri) in enumerate(sources.items()):
-        sel = m["src"] == si
-        kept = sel & (reason == None)  # noqa: E711  (object array: elementwise test)
-        rec = {"file": uri,
-               "samples_in": int(sel.sum()), "samples_out": int(kept.sum()),
-               "tokens_in": int(m["tok_in"][sel].sum()), "tokens_out": int(m["tok_out"][kept].sum()),
-               "loss_tokens_in": int(m["loss_in"][sel].sum()), "loss_tokens_out": int(m["loss_out"][kept].sum()),
-               "truncated": {"samples": int((sel & (m["tok_in"] > m["tok_out"])).sum()),
-                             "tokens_cut": int((m["tok_in"] - m["tok_out"])[sel].sum()),
-                             "loss_tokens_cut": int((m["loss_in"] - m["loss_out"])[sel].sum())},
-               "dropped": {}, "dropped_tokens": {}, "dropped_loss_tokens": {}}
-        for r in (DROP_NO_LOSS, DROP_TRUNCATED_NO_LOSS, DROP_DUPLICATE):
-            hit = sel & (reason == r)
-            if hit.any():
-                rec["dropped"][r] = int(hit.sum())
-                rec["dropped_tokens"][r] = int(m["tok_out"][hit].sum())
-                rec["dropped_loss_tokens"][r] = int(m["loss_out"][hit].sum())
-                drops += [{"source": name, "id": str(s), "reason": r} for s in m["sid"][np.flatnonzero(hit)]]
-        out[name] = rec
-    return out, drops
-
-
-def _pass2_buckets(sources, m, pos, cfg, tmp: str, n_buckets: int) -> list[str]:
-    """Stream the sources again and append each kept row to its bucket file."""
-    import numpy as np
+    Buckets are key ranges, so sorting each bucket by key and writing the buckets in
+    order gives the whole shuffled file. Every copy of a duplicate has the same key and
+    lands in the same bucket, where the bucket phase removes it.
+    """
     import pyarrow as pa
 
-    n_out = int((pos >= 0).sum())
     paths = [os.path.join(tmp, f"bucket-{b:05d}.arrows") for b in range(n_buckets)]
     writers = {}
-    start = 0
     try:
-        for name, uri in sources.items():
+        for si, (name, uri) in enumerate(sources.items()):
             for batch in read_batches(uri, cfg.batch_rows):
                 t = truncate_batch(batch, cfg.max_seq_len, uri)
-                n = len(t.lengths_in)
-                p = pos[start:start + n]
-                cid = m["cid"][start:start + n]
-                start += n
-                keep = np.flatnonzero(p >= 0)
+                tallies[name].seen(t)
+                progress.update(samples=len(t.lengths_in), tokens=int(t.lengths_in.sum()))
+                tok_out = np.diff(t.offsets)
+                no_loss = t.loss_out == 0
+                for reason, hit in ((DROP_TRUNCATED_NO_LOSS, no_loss & (t.loss_in > 0)),
+                                    (DROP_NO_LOSS, no_loss & (t.loss_in == 0))):
+                    if hit.any():
+                        tallies[name].drop(reason, hit.sum(), tok_out[hit].sum(), 0)
+                        drops += [{"source": name, "id": str(s), "reason": reason} for s in t.source_ids[hit]]
+                keep = np.flatnonzero(~no_loss)
                 if not len(keep):
                     continue
-                table = t.to_table(cid, name).take(pa.array(keep))
-                table = table.append_column("_pos", pa.array(p[keep]))
-                bucket = p[keep] * n_buckets // max(n_out, 1)
-                for b in np.unique(bucket):
-                    part = table.take(pa.array(np.flatnonzero(bucket == b)))
+                cids = content_ids(t)[keep]
+                keys = shuffle_keys(cids, cfg.seed)
+                bucket = ((keys >> np.uint64(32)) * np.uint64(n_buckets)) >> np.uint64(32)
+                order = np.argsort(bucket, kind="stable")
+                rows = keep[order]
+                off, ids, mask = gather_rows(t.offsets, rows, t.ids, t.mask)
+                table = rows_table(off, ids, mask, cids[order], t.loss_out[rows], name, t.source_ids[rows],
+                                   _key=keys[order], _src=np.full(len(rows), si, np.int16))
+                sorted_b = bucket[order]
+                for b in np.unique(sorted_b):
+                    lo, hi = np.searchsorted(sorted_b, [b, b + 1])
                     if b not in writers:
-                        writers[b] = pa.ipc.new_stream(paths[b], part.schema)
-                    writers[b].write_table(part)
+                        writers[b] = pa.ipc.new_stream(paths[b], table.schema)
+                    writers[b].write_table(table.slice(lo, hi - lo))
     finally:
         for w in writers.values():
             w.close()
     return [paths[b] for b in sorted(writers)]
 
 
-def _write_outputs(bucket_paths, stage_dir: str, export_jsonl: bool) -> str:
-    """Sort each bucket by position and append it; returns the content hash."""
-    import numpy as np
+def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: str, export_jsonl: bool) -> str:
+    """Bucket phase: sort each bucket by (key, id, source, source id), drop duplicates,
+    append to train.parquet (and train.jsonl). Returns the content hash."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     digest = hashlib.sha256()
     parquet_tmp = os.path.join(stage_dir, ".train.parquet.tmp")
     jsonl_tmp = os.path.join(stage_dir, ".train.jsonl.tmp")
-    writer = None
+    writer = pq.ParquetWriter(parquet_tmp, output_schema(), compression="zstd", use_dictionary=["source"],
+                              write_statistics=["num_tokens", "num_loss_tokens"])
     jf = open(jsonl_tmp, "w") if export_jsonl else None
     try:
         for path in bucket_paths:
             with pa.OSFile(path) as f:
-                table = pa.ipc.open_stream(f).read_all()
-            table = table.take(pa.array(np.argsort(table.column("_pos").to_numpy()))).drop_columns(["_pos"])
-            table = table.combine_chunks()
-            for cid in table.column("id").to_pylist():
-                digest.update(cid.encode() + b"\n")
-            if writer is None:
-                writer = pq.ParquetWriter(parquet_tmp, table.schema, compression="zstd")
-            writer.write_table(table, row_group_size=8192)
-            if jf is not None:
-                _write_jsonl(jf, table)
+                table = pa.ipc.open_stream(f).read_all().combine_chunks()
             os.unlink(path)
+            cid = np.array(table.column("id").to_pylist(), dtype="S32")
+            sid = np.array(table.column("source_id").to_pylist(), dtype=object).astype(str)
+            src = table.column("_src").to_numpy()
+            order = np.lexsort((sid, src, cid, table.column("_key").to_numpy()))
+            dup = np.zeros(len(order), bool)
+            dup[1:] = cid[order][1:] == cid[order][:-1]
+            tok = table.column("num_tokens").to_numpy()
+            loss = table.column("num_loss_tokens").to_numpy()
+            for r in order[dup]:
+                tallies[names[src[r]]].drop(DROP_DUPLICATE, 1, tok[r], loss[r])
+                drops.append({"source": names[src[r]], "id": sid[r], "reason": DROP_DUPLICATE})
+            kept = order[~dup]
+            for si in np.unique(src[kept]):
+                sel = kept[src[kept] == si]
+                tallies[names[si]].kept(len(sel), tok[sel].sum(), loss[sel].sum())
+            io, ids = list_parts(table.column("input_ids").chunk(0), np.int32)
+            _, mask = list_parts(table.column("loss_mask").chunk(0), np.uint8)
+            for lo in range(0, len(kept), 8192):  # bounded gathers: memory stays ~ one bucket
+                rows = kept[lo:lo + 8192]
+                off, g_ids, g_mask = gather_rows(io, rows, ids, mask)
+                writer.write_table(rows_table(off, g_ids, g_mask, cid[rows], loss[rows],
+                                              [names[s] for s in src[rows]], sid[rows]))
+                digest.update(b"".join(c + b"\n" for c in cid[rows]))
+                if jf is not None:
+                    for a, b in zip(off[:-1], off[1:]):
+                        jf.write(json.dumps({"input_ids": g_ids[a:b].tolist(), "loss_mask": g_mask[a:b].tolist()})
+                                 + "\n")
     finally:
-        if writer is not None:
-            writer.close()
+        writer.close()
         if jf is not None:
             jf.close()
-    if writer is None:  # nothing kept: still write an empty, well-typed file
-        pq.write_table(output_schema().empty_table(), parquet_tmp)
     os.replace(parquet_tmp, os.path.join(stage_dir, "train.parquet"))
     if export_jsonl:
         os.replace(jsonl_tmp, os.path.join(stage_dir, "train.jsonl"))
     return digest.hexdigest()
-
-
-def _write_jsonl(f, table) -> None:
-    import numpy as np
-
-    ids = table.column("input_ids").chunk(0)
-    mask = table.column("loss_mask").chunk(0)
-    off = np.asarray(ids.offsets)
-    iv, mv = np.asarray(ids.values), np.asarray(mask.values)
-    for a, b in zip(off[:-1], off[1:]):
-        f.write(json.dumps({"input_ids": iv[a:b].tolist(), "loss_mask": mv[a:b].tolist()}) + "\n")
 
 
 def merge(cfg: MergeConfig) -> dict:
@@ -296,15 +280,13 @@ def merge(cfg: MergeConfig) -> dict:
     vocab_size = cfg.vocab_size or next((s["vocab_size"] for s in stats.values() if s.get("vocab_size")), None)
     rows = {n: pq.ParquetFile(storage.local_path(u)).metadata.num_rows for n, u in sources.items()}
     progress = Progress("merge", sum(rows.values()), sum(int(stats[n].get("tokens", 0)) for n in sources) or 1)
-    m = _pass1(sources, cfg, progress)
-    reason, pos = _decide(m, cfg.seed)
-    per_source, drops = _source_summaries(sources, m, reason, cfg)
-    n_out = int((pos >= 0).sum())
-    tokens_out = int(m["tok_out"][pos >= 0].sum())
-    n_buckets = max(1, math.ceil((tokens_out * 5 + n_out * 120) / (cfg.bucket_mb * 2**20)))
+    tallies = {n: _Tally(n, u) for n, u in sources.items()}
+    drops: list[dict] = []
+    n_buckets = _bucket_count(sources, cfg.bucket_mb)
     with storage.staged_dir(cfg.out) as stage, tempfile.TemporaryDirectory(prefix="eagle3-merge-") as tmp:
-        buckets = _pass2_buckets(sources, m, pos, cfg, tmp, n_buckets)
-        content_hash = _write_outputs(buckets, str(stage), cfg.export_jsonl)
+        buckets = _route(sources, cfg, tallies, drops, tmp, n_buckets, progress)
+        content_hash = _write_outputs(buckets, list(sources), tallies, drops, str(stage), cfg.export_jsonl)
+        per_source = {n: t.rec for n, t in tallies.items()}
         files = ["train.parquet"] + (["train.jsonl"] if cfg.export_jsonl else [])
         checksums = {f: storage.sha256_file(os.path.join(stage, f)) for f in files}
         totals = {k: sum(s[k] for s in per_source.values()) for k in
@@ -317,13 +299,14 @@ def merge(cfg: MergeConfig) -> dict:
             "seed": cfg.seed, "max_seq_len": cfg.max_seq_len, "prepared": cfg.prepared,
             "tokenizer_fingerprint": next(iter(fps), None), "vocab_size": vocab_size,
             "content_hash": content_hash, "content_hash_of": "sha256 over the output sample ids in order, one per line",
-            "shuffle": "sort kept samples by id, then numpy.random.Generator(PCG64(seed)).permutation",
+            "shuffle": "sorted by (splitmix64(first 64 bits of id ^ splitmix64(seed)), id); see merge_arrays.shuffle_keys",
             "sources": per_source, "drops": drops, "totals": totals, "buckets": n_buckets,
             "dropped_datasets": [{"name": n, "reason": "drop list", "file": u, "samples": int(stats[n].get(
                 "samples", pq.ParquetFile(storage.local_path(u)).metadata.num_rows)),
                 "tokens": stats[n].get("tokens")} for n, u in dropped.items()],
             "checksums": checksums, "config": to_dict(cfg), "created_by": "eagle3.merge",
         }
+        drops.sort(key=lambda d: (d["source"], d["reason"], d["id"]))
         storage.write_json(os.path.join(stage, "manifest.json"), manifest)
     progress.finish()
     summary = {"out": cfg.out, "samples": totals["samples_out"], "tokens": totals["tokens_out"],

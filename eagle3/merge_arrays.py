@@ -37,13 +37,64 @@ def content_id(ids: np.ndarray, mask: np.ndarray) -> str:
     return h.hexdigest()[:32]
 
 
-def shuffle_order(n: int, seed: int) -> np.ndarray:
-    """Output order of n samples sorted by content id: output[k] = sorted[order[k]].
+_MASK64 = (1 << 64) - 1
 
-    PCG64 gives the same stream on every machine and numpy version that keeps
-    its documented stream compatibility for Generator.permutation.
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser: a bijection on uint64 that mixes every bit (wrapping arithmetic)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+_HEX = np.full(256, 255, np.uint8)
+_HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+
+
+def shuffle_keys(cids: np.ndarray, seed: int) -> np.ndarray:
+    """Seeded sort keys (uint64) of content ids ('S32' hex): the output is sorted by (key, id).
+
+    A content id is a sha256 prefix, so its first 64 bits are uniform; mixing them with
+    the seed through splitmix64 gives a uniform random order for each seed that depends
+    only on the contents: not on file order, batch sizes or the machine. Because a
+    sample's key is known as soon as it is read, merge can bucket rows in one pass.
     """
-    return np.random.Generator(np.random.PCG64(int(seed))).permutation(n)
+    if len(cids) == 0:
+        return np.zeros(0, np.uint64)
+    digits = _HEX[np.frombuffer(np.ascontiguousarray(cids, dtype="S32").tobytes(), np.uint8).reshape(-1, 32)[:, :16]]
+    if (digits == 255).any():
+        raise ValueError("content ids must be 32 lowercase hex characters")
+    x = np.zeros(len(cids), np.uint64)
+    for k in range(16):
+        x = (x << np.uint64(4)) | digits[:, k].astype(np.uint64)
+    s = _splitmix64(np.array([int(seed) & _MASK64], dtype=np.uint64))[0]
+    return _splitmix64(x ^ s)
+
+
+def is_hex32(ids: np.ndarray) -> np.ndarray:
+    """Which ids look like content ids (32 lowercase hex characters)."""
+    try:
+        raw = np.asarray(ids).astype("S33")
+    except UnicodeEncodeError:
+        return np.zeros(len(ids), bool)
+    b = np.frombuffer(raw.tobytes(), np.uint8).reshape(-1, 33)
+    return (_HEX[b[:, :32]] != 255).all(axis=1) & (b[:, 32] == 0)
+
+
+def shuffle_order(cids: np.ndarray, seed: int) -> np.ndarray:
+    """Indices that put the content ids in output order for this seed."""
+    cids = np.asarray(cids, dtype="S32")
+    return np.lexsort((cids, shuffle_keys(cids, seed)))
+
+
+def gather_rows(offsets: np.ndarray, rows: np.ndarray, *flat: np.ndarray):
+    """Rows `rows` of list columns sharing `offsets`: (new offsets from 0, *gathered flat arrays)."""
+    lengths = offsets[rows + 1] - offsets[rows]
+    new_off = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lengths, out=new_off[1:])
+    idx = np.arange(new_off[-1], dtype=np.int64) + np.repeat(offsets[rows] - new_off[:-1], lengths)
+    return (new_off, *(f[idx] for f in flat))
 
 
 def read_batches(uri: str, batch_rows: int, columns=REQUIRED):
@@ -82,21 +133,26 @@ class Truncated:
     loss_in: np.ndarray  # loss tokens before truncation
     loss_out: np.ndarray  # loss tokens after truncation
 
-    def to_table(self, cids: np.ndarray, source: str):
-        import pyarrow as pa
 
-        n = len(self.lengths_in)
-        off = pa.array(self.offsets.astype(np.int32))
-        schema = output_schema()
-        return pa.table([
-            pa.array(cids.astype("U32")),
-            pa.ListArray.from_arrays(off, pa.array(self.ids, pa.int32())),
-            pa.ListArray.from_arrays(off, pa.array(self.mask, pa.uint8())),
-            pa.array(np.diff(self.offsets).astype(np.int32)),
-            pa.array(self.loss_out.astype(np.int32)),
-            pa.array([source] * n, pa.string()),
-            pa.array(self.source_ids.astype(str)),
-        ], schema=schema)
+def rows_table(offsets, ids, mask, cids, loss, source, source_ids, **extra):
+    """An Arrow table in the train.parquet layout (plus `extra` numpy columns) from flat arrays.
+
+    `source` is one name for every row or an array of names."""
+    import pyarrow as pa
+
+    n = len(offsets) - 1
+    off = pa.array(np.asarray(offsets, dtype=np.int32))
+    names = pa.array([source] * n, pa.string()) if isinstance(source, str) else pa.array(source, pa.string())
+    cols = [pa.array(np.asarray(cids).astype("U32")),
+            pa.ListArray.from_arrays(off, pa.array(ids, pa.int32())),
+            pa.ListArray.from_arrays(off, pa.array(mask, pa.uint8())),
+            pa.array(np.diff(offsets).astype(np.int32)), pa.array(np.asarray(loss, dtype=np.int32)),
+            names, pa.array(np.asarray(source_ids).astype(str))]
+    schema = output_schema()
+    for name, values in extra.items():
+        cols.append(pa.array(values))
+        schema = schema.append(pa.field(name, cols[-1].type))
+    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def truncate_batch(batch, max_len: int, uri: str) -> Truncated:
@@ -134,9 +190,20 @@ def truncate_batch(batch, max_len: int, uri: str) -> Truncated:
 
 
 def content_ids(t: Truncated) -> np.ndarray:
-    """Content id of every truncated row, as a fixed-width bytes array (sortable, compact)."""
+    """Content id of every truncated row ('S32').
+
+    Rows that truncation left alone keep their prepared id, which the contract
+    defines as this same hash (the verify gate re-checks every output id); only
+    cut rows are hashed again.
+    """
     off = t.offsets
-    return np.array([content_id(t.ids[a:b], t.mask[a:b]) for a, b in zip(off[:-1], off[1:])], dtype="S32")
+    cids = np.zeros(len(t.lengths_in), dtype="S32")
+    cut = np.diff(off) < t.lengths_in
+    reusable = ~cut & is_hex32(t.source_ids)
+    cids[reusable] = t.source_ids[reusable].astype("S32")
+    for r in np.flatnonzero(~reusable):
+        cids[r] = content_id(t.ids[off[r]:off[r + 1]], t.mask[off[r]:off[r + 1]])
+    return cids
 
 
 def tokenized_table(input_ids, loss_mask, source: str):
