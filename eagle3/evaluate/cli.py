@@ -28,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
     p.add_argument("--checkpoint", default=None, help="trainer CKPT/ for the offline simulated τ")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:i] (transformers backend)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--backend", choices=("transformers", "sglang"), default="transformers")
     p.add_argument("--tp", type=int, default=1, help="sglang: tensor-parallel size")
     p.add_argument("--gpus", default=None, help="sglang: comma-separated GPU ids (CUDA_VISIBLE_DEVICES)")
@@ -50,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = EvaluateConfig(target=args.target, draft=args.draft, out=args.out, prompts=args.prompts,
                          steps=args.steps, limit=args.limit, max_new_tokens=args.max_new_tokens,
-                         checkpoint=args.checkpoint, device=args.device)
+                         checkpoint=args.checkpoint, device=args.device,
+                         threads=args.threads)
     try:
         summary = evaluate(cfg)
     except GateFailed as e:

@@ -1,0 +1,95 @@
+"""evaluate(): report.json contents, the loud lossless failure, the offline τ, and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3.cli import main
+from eagle3.errors import GateFailed
+from eagle3.evaluate.benchmark import EvaluateConfig, evaluate, offline_sim_accept_len
+
+
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(tiny_llama_dir, tmp_path_factory, make_draft):
+    return make_draft(tiny_llama_dir, tmp_path_factory.mktemp("draft"), aux=[1, 3, 4])
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    p = tmp_path / "chat.jsonl"
+    p.write_text(json.dumps({"prompt": "Write a haiku about tea."}) + "\n"
+                 + json.dumps({"messages": [{"role": "user", "content": "What is 2+2?"},
+                                            {"role": "assistant", "content": "4"}]}) + "\n"
+                 + json.dumps({"prompt": "unused: cut by --limit"}) + "\n")
+    return str(p)
+
+
+def _ckpt(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    lines = [{"step": 10, "split": "train", "loss": 3.0, "acc_0": 0.2, "sim_accept_len": 1.3},
+             {"step": 10, "split": "eval", "acc_0": 0.5, "acc_1": 0.4, "sim_accept_len": 1.7},
+             {"step": 20, "split": "train", "acc_0": 0.6, "sim_accept_len": 1.9}]
+    (ckpt / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return str(ckpt)
+
+
+def test_evaluate_writes_a_lossless_report(tiny_llama_dir, tiny_draft, prompts, tmp_path):
+    cfg = EvaluateConfig(target=tiny_llama_dir, draft=tiny_draft, out=str(tmp_path / "eval"), prompts=prompts,
+                         limit=2, max_new_tokens=16, checkpoint=_ckpt(tmp_path), device="cpu")
+    summary = evaluate(cfg)
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert report["lossless"] is True and summary["lossless"] is True
+    assert [p["id"] for p in report["prompts"]] == ["chat.jsonl:1", "chat.jsonl:2"]
+    assert 1.0 <= report["acceptance_length"] <= 4.0
+    assert len(report["accept_rate_by_position"]) == 3
+    assert report["tokens_per_s_spec"] > 0 and report["tokens_per_s_base"] > 0
+    assert report["speedup"] == pytest.approx(report["tokens_per_s_spec"] / report["tokens_per_s_base"])
+    assert report["aux_layer_ids"] == [1, 3, 4] and report["steps"] == 3
+    # τ is Σ emitted / Σ verifications over every prompt
+    steps = sum(p["verifications"] for p in report["prompts"])
+    emitted = sum(p["new_tokens"] - 1 for p in report["prompts"])  # the prefill token is no verification
+    assert report["acceptance_length"] == pytest.approx(emitted / steps)
+    assert report["sim_accept_len"] == 1.7  # the last *eval* line, not the later train line
+
+
+def test_evaluate_fails_loudly_on_a_mismatch(tiny_llama_dir, tiny_draft, prompts, tmp_path, monkeypatch):
+    from eagle3.evaluate import spec_decode
+
+    real = spec_decode.speculative_generate
+
+    def corrupt(*a, **kw):  # a decoder bug: the 4th generated token is wrong
+        gen = real(*a, **kw)
+        gen.tokens[3] = (gen.tokens[3] + 1) % 49152
+        return gen
+
+    monkeypatch.setattr(spec_decode, "speculative_generate", corrupt)
+    out = tmp_path / "eval"
+    with pytest.raises(GateFailed, match=r"prompt chat.jsonl:1: first difference at generated position 3"):
+        evaluate(EvaluateConfig(target=tiny_llama_dir, draft=tiny_draft, out=str(out), prompts=prompts, limit=1,
+                                max_new_tokens=8, device="cpu"))
+    report = json.loads((out / "report.json").read_text())  # written before failing
+    assert report["lossless"] is False and report["prompts"][0]["mismatch"]["position"] == 3
+    rc = main(["evaluate", "--target", tiny_llama_dir, "--draft", tiny_draft, "--prompts", prompts,
+               "--limit", "1", "--max-new-tokens", "8", "--device", "cpu", "--out", str(out)])
+    assert rc == 3
+
+
+def test_cli_prints_tau_speedup_and_verdict(tiny_llama_dir, tiny_draft, prompts, tmp_path, capsys):
+    rc = main(["evaluate", "--target", tiny_llama_dir, "--draft", tiny_draft, "--prompts", prompts, "--limit", "1",
+               "--max-new-tokens", "6", "--steps", "2", "--device", "cpu", "--out", str(tmp_path / "e")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "tau " in out and "(k=2)" in out and "lossless=True" in out
+
+
+def test_offline_sim_accept_len_without_eval_lines(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "sim_accept_len": 1.2}) + "\n"
+                                            + json.dumps({"step": 2, "loss": 1.0}) + "\n")
+    got = offline_sim_accept_len(str(tmp_path))
+    assert got["sim_accept_len"] == 1.2 and got["from_eval_split"] is False
+    assert offline_sim_accept_len(str(tmp_path / "missing")) is None
