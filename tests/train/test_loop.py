@@ -15,7 +15,7 @@ from eagle3.train.metrics import read_metrics
 def cfg_for(tiny_store, out, **kw) -> TrainConfig:
     base = dict(store=tiny_store["store"], vocab=tiny_store["vocab"], out=str(out), ttt_length=3,
                 token_budget=96, grad_accum=1, lr=3e-3, log_every=1, eval_every=0, save_every=100, epochs=2,
-                heldout_share=0.1, init="random", device="cpu")
+                heldout_share=0.03, init="random", device="cpu")
     base.update(kw)
     return TrainConfig(**base)
 
