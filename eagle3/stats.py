@@ -22,6 +22,7 @@ from typing import Any
 
 from eagle3 import storage
 from eagle3.errors import InputError
+from eagle3.progress import fmt_duration
 
 DEFAULT_HIDDEN_SIZE = 7168  # a large target (DeepSeek-V3 / Kimi-K2 class), where the cost matters
 DEFAULT_TOKENS_PER_S = 20_000.0  # assumed extraction speed of such a target on one GPU node
@@ -94,7 +95,7 @@ def compute_stats(prepared: str, max_seq_len: int = 8192, hidden_size: int = DEF
         "extract_bytes": int(r.extract_bytes), "extract_hours": float(r.extract_hours),
         "message": (f"{r.dataset}: {r.sample_share:.1%} of samples but {r.token_share:.1%} of tokens "
                     f"({r.token_share / r.sample_share:.1f}x); it adds {_fmt_bytes(r.extract_bytes)} and "
-                    f"{r.extract_hours:.1f} h of extraction (H={hidden_size}, {tokens_per_s:,.0f} tok/s). "
+                    f"{fmt_duration(r.extract_hours * 3600)} of extraction (H={hidden_size}, {tokens_per_s:,.0f} tok/s). "
                     "Consider max_samples, a lower max_seq_len or dropping it."),
     } for r in df[df["flagged"]].itertuples()]
     result = {
@@ -131,7 +132,7 @@ def format_table(result: dict[str, Any]) -> str:
     t = result["totals"]
     lines = [view.to_string(index=False),
              f"total: {t['samples']} samples, {t['tokens']} tokens, {t['loss_tokens']} loss tokens; extraction "
-             f"~{_fmt_bytes(t['extract_bytes'])}, ~{t['extract_hours']:.1f} h at {result['tokens_per_s']:,.0f} tok/s "
+             f"~{_fmt_bytes(t['extract_bytes'])}, ~{fmt_duration(t['extract_hours'] * 3600)} at {result['tokens_per_s']:,.0f} tok/s "
              f"(H={result['hidden_size']}, {result['bytes_per_token']} B/token, max_seq_len {result['max_seq_len']})"]
     lines += [f"FLAG {f['message']}" for f in result["flags"]]
     return "\n".join(lines)

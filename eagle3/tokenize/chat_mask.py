@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -294,6 +295,22 @@ class ChatMasker:
     def encode(self, texts: list[str], spans: list[list[tuple[int, int]]]) -> Batch:
         encodings = self.backend.encode_batch(texts, add_special_tokens=False)
         return masks_from_spans(encodings, spans)
+
+    def encode_pipelined(self, chunks: Iterable[tuple[list[str], list[list[tuple[int, int]]]]]) -> Iterator[Batch]:
+        """``encode`` each (texts, spans) chunk, in order, in a worker thread.
+
+        encode_batch releases the GIL, so while the worker encodes chunk k the
+        caller's generator renders chunk k+1: rendering costs almost no wall time.
+        """
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode") as pool:
+            pending = None
+            for texts, spans in chunks:
+                submitted = pool.submit(self.encode, list(texts), list(spans))
+                if pending is not None:
+                    yield pending.result()
+                pending = submitted
+            if pending is not None:
+                yield pending.result()
 
     def fingerprint_inputs(self) -> dict[str, Any]:
         return {"chat_template_sha256": self.template_sha, "assistant_header": self.info.assistant_header,

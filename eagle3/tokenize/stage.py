@@ -176,13 +176,12 @@ def _count_records(path: str) -> int:
     return max(n, 1)
 
 
-def _concat(batches: list[Batch]) -> Batch:
-    lengths = np.concatenate([np.diff(b.offsets) for b in batches]) if batches else np.zeros(0, np.int64)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+def _concat(records: list[readers.TokenRecord]) -> Batch:
+    lengths = np.fromiter((len(r.input_ids) for r in records), dtype=np.int64, count=len(records))
+    offsets = np.zeros(len(records) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return Batch(input_ids=np.concatenate([b.input_ids for b in batches]) if batches else np.zeros(0, np.int32),
-                 loss_mask=np.concatenate([b.loss_mask for b in batches]) if batches else np.zeros(0, np.uint8),
-                 offsets=offsets)
+    return Batch(input_ids=np.concatenate([r.input_ids for r in records]),
+                 loss_mask=np.concatenate([r.loss_mask for r in records]), offsets=offsets)
 
 
 def _tokenize_file(cfg: TokenizeConfig, local: str, tok_dir: str, parquet: _ParquetOut,
@@ -194,49 +193,56 @@ def _tokenize_file(cfg: TokenizeConfig, local: str, tok_dir: str, parquet: _Parq
     if cfg.max_samples:
         total = min(total, cfg.max_samples)
     progress = Progress(f"tokenize {cfg.name}", total_samples=total, total_tokens=1, logger=log)
-    accepted = over_cap = 0
-    texts: list[str] = []
-    spans: list[list[tuple[int, int]]] = []
-    token_records: list[readers.TokenRecord] = []
+    counts = {"accepted": 0, "over_cap": 0}
 
-    def reject(line: int, reason: str, detail: str) -> None:
-        rejects.append({"file": cfg.source, "line": line, "reason": reason, "detail": detail})
+    def accepted_items():
+        """Accepted records in file order; rejects and the cap are counted on the way."""
+        for item in readers.read_records(local, cfg.format, display=cfg.source, vocab_size=vocab_size):
+            if cfg.max_samples and counts["accepted"] >= cfg.max_samples:
+                counts["over_cap"] += 1
+            elif isinstance(item, readers.Rejected):
+                rejects.append({"file": cfg.source, "line": item.line, "reason": item.reason, "detail": item.detail})
+            else:
+                yield item
 
-    def flush() -> None:
-        if texts:
-            batch = masker.encode(texts, spans)
-        else:
-            batch = _concat([Batch(r.input_ids, r.loss_mask, np.array([0, len(r.input_ids)])) for r in token_records])
-        parquet.write(batch)
-        n = len(batch.offsets) - 1
-        progress.update(samples=n, tokens=int(batch.offsets[-1]))
-        # Refine the token total from the tokens per sample seen so far, so the ETA means something.
-        progress.total_tokens = max(int(progress.tokens / max(progress.samples, 1) * total), progress.tokens, 1)
-        texts.clear(), spans.clear(), token_records.clear()
-
-    for item in readers.read_records(local, cfg.format, display=cfg.source, vocab_size=vocab_size):
-        if cfg.max_samples and accepted >= cfg.max_samples:
-            over_cap += 1
-            continue
-        if isinstance(item, readers.Rejected):
-            reject(item.line, item.reason, item.detail)
-            continue
-        if isinstance(item, readers.TokenRecord):
-            token_records.append(item)
-        else:
+    def chunks():
+        """(texts, spans) per batch_size conversations: rendered here while the last chunk encodes."""
+        texts, spans = [], []
+        for conv in accepted_items():
             try:
-                text, sample_spans = masker.render(item)
+                text, sample_spans = masker.render(conv)
             except TemplateError as e:
-                reject(item.line, TEMPLATE_ERROR, str(e)[:300])
+                rejects.append({"file": cfg.source, "line": conv.line, "reason": TEMPLATE_ERROR,
+                                "detail": str(e)[:300]})
                 continue
+            counts["accepted"] += 1
             texts.append(text)
             spans.append(sample_spans)
-        accepted += 1
-        if len(texts) + len(token_records) >= cfg.batch_size:
-            flush()
-    flush()
+            if len(texts) >= cfg.batch_size:
+                yield texts, spans
+                texts, spans = [], []
+        if texts:
+            yield texts, spans
+
+    def token_batches():
+        records: list[readers.TokenRecord] = []
+        for rec in accepted_items():
+            counts["accepted"] += 1
+            records.append(rec)
+            if len(records) >= cfg.batch_size:
+                yield _concat(records)
+                records = []
+        if records:
+            yield _concat(records)
+
+    batches = masker.encode_pipelined(chunks()) if masker is not None else token_batches()
+    for batch in batches:
+        parquet.write(batch)
+        progress.update(samples=len(batch.offsets) - 1, tokens=int(batch.offsets[-1]))
+        # Refine the token total from the tokens per sample seen so far, so the ETA means something.
+        progress.total_tokens = max(int(progress.tokens / max(progress.samples, 1) * total), progress.tokens, 1)
     progress.finish()
-    facts: dict[str, Any] = {"over_cap": over_cap, "vocab_size": vocab_size}
+    facts: dict[str, Any] = {"over_cap": counts["over_cap"], "vocab_size": vocab_size}
     if masker is not None:
         info = masker.info
         facts["template"] = {
