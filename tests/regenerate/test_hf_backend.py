@@ -1,0 +1,69 @@
+"""The hf backend: batched generate on a tiny random Llama with SmolLM2's tokenizer and template."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from regen_helpers import conversations, read_jsonl, write_dataset
+
+from eagle3.regenerate import RegenerateConfig, regenerate
+from eagle3.regenerate.hf_backend import HFBackend
+
+PROMPTS = [[{"role": "user", "content": "hi"}],
+           [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a much longer question here"}],
+           [{"role": "user", "content": "what is two plus two, explain in detail please"}]]
+
+
+async def _answers(model: str, batch_size: int, prompts) -> list:
+    async with HFBackend(model, batch_size=batch_size, max_tokens=12) as b:
+        results = await asyncio.gather(*(b.complete(p) for p in prompts))
+        return results, b.batches
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_llama_dir):
+    """The same prompts generated as one batch and one by one (loaded once: this CPU is shared)."""
+    return asyncio.run(_answers(tiny_llama_dir, 8, PROMPTS)), asyncio.run(_answers(tiny_llama_dir, 1, PROMPTS))
+
+
+def test_batched_greedy_equals_one_by_one(runs):
+    (batched, n_batches), (single, n_single) = runs
+    assert n_batches == 1 and n_single == 3  # the requests really were batched together
+    assert [c.content for c in batched] == [c.content for c in single]
+    assert [c.completion_tokens for c in batched] == [c.completion_tokens for c in single]
+
+
+def test_accounting_counts_template_tokens(tiny_llama_dir, runs):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    (results, _), _ = runs
+    for prompt, c in zip(PROMPTS, results):
+        ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        assert c.prompt_tokens == len(ids)
+        assert 1 <= c.completion_tokens <= 12
+        assert c.finish_reason in ("stop", "length")
+        assert (c.completion_tokens == 12) == (c.finish_reason == "length")
+
+
+def test_stage_with_hf_backend(tiny_llama_dir, tmp_path):
+    manifest = write_dataset(tmp_path, conversations(3, turns=2))
+    summary = regenerate(RegenerateConfig(manifest=str(manifest), out=str(tmp_path / "out"), backend="hf",
+                                          model=tiny_llama_dir, concurrency=3, max_tokens=6))
+    stats = summary["datasets"]["chat"]
+    recs = read_jsonl(tmp_path / "out/chat/regenerated.jsonl")
+    assert stats["done"] == 3 and stats["requests"] == 6 and len(recs) == 3
+    assert all(r["regeneration"]["backend"] == "hf" and len(r["regeneration"]["turns"]) == 2 for r in recs)
+    assert stats["completion_tokens"] == sum(t["completion_tokens"] for r in recs for t in r["regeneration"]["turns"])
+    assert stats["this_run"]["completion_tokens"] == stats["completion_tokens"]
+    # Turn 2's prompt holds turn 1's answer, so it is longer than turn 1's prompt plus the new question.
+    t0, t1 = recs[0]["regeneration"]["turns"]
+    assert t1["prompt_tokens"] > t0["prompt_tokens"] + t0["completion_tokens"] - 1
+
+
+@pytest.mark.slow
+def test_smollm2_answers_sensibly(smollm2_dir):
+    results, _ = asyncio.run(_answers(smollm2_dir, 2, [[{"role": "user", "content": "What is the capital of France?"}]]))
+    assert "Paris" in results[0].content
