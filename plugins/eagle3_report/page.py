@@ -12,8 +12,8 @@ import jinja2
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
 # Columns shown first in the dataset table; other scalar columns follow, long hashes are left out.
 _FIRST = ["dataset", "category", "samples", "tokens", "loss_tokens", "rejected", "sample_share", "token_share",
-          "tokens_mean", "tokens_p50", "tokens_p95", "tokens_max", "capped_share", "reused", "flagged"]
-_HIDDEN = {"fingerprint", "tokenizer_fingerprint", "source_uri", "reject_reasons", "name"}
+          "tokens_mean", "tokens_p50", "tokens_p95", "tokens_max", "at_cap_share", "extract_hours", "reused", "flagged"]
+_HIDDEN = {"fingerprint", "tokenizer_fingerprint", "source_uri", "reject_reasons", "name", "tokens_after_cap"}
 
 
 def fmt(value: Any) -> str:

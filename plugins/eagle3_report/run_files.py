@@ -116,7 +116,8 @@ def read_datasets(paths: dict[str, str], report: dict) -> dict | None:
         for key in ("datasets", "stats", "table", "rows"):
             rows = _rows(doc.get(key))
             if rows:
-                flagged = doc.get("flagged") or [r["dataset"] for r in rows if r.get("flagged")]
+                flagged = doc.get("flags") or doc.get("flagged") or [r["dataset"] for r in rows if r.get("flagged")]
+                _add_reused(paths, rows)
                 return {"rows": rows, "flagged": _flag_list(flagged), "origin": origin}
     if paths.get("prepared"):
         rows = []
@@ -130,6 +131,17 @@ def read_datasets(paths: dict[str, str], report: dict) -> dict | None:
     return None
 
 
+def _add_reused(paths: dict[str, str], rows: list[dict]) -> None:
+    """The stats table has no `reused`; tokenize's prepared/<ds>/stats.json says whether it was skipped."""
+    if not paths.get("prepared"):
+        return
+    for row in rows:
+        if "reused" not in row:
+            meta = _read_json(storage.join(paths["prepared"], str(row["dataset"]), "stats.json"))
+            if isinstance(meta, dict) and "reused" in meta:
+                row["reused"] = meta["reused"]
+
+
 def _flag_list(flagged: Any) -> list[dict]:
     """Flags as [{dataset, reason}] from a list of names, a list of dicts, or {name: reason}."""
     if isinstance(flagged, dict):
@@ -138,7 +150,8 @@ def _flag_list(flagged: Any) -> list[dict]:
     for item in flagged or []:
         if isinstance(item, dict):
             out.append({"dataset": item.get("dataset", item.get("name", "?")),
-                        "reason": item.get("reason", json.dumps({k: v for k, v in item.items() if k != "dataset"}))})
+                        "reason": item.get("message") or item.get("reason")
+                        or json.dumps({k: v for k, v in item.items() if k != "dataset"})})
         else:
             out.append({"dataset": str(item), "reason": ""})
     return out
@@ -189,17 +202,30 @@ def read_training(paths: dict[str, str]) -> dict | None:
 
 
 def read_acceptance(paths: dict[str, str], report: dict) -> dict | None:
-    """The evaluate stage's report.json (τ, lossless, tok/s) plus what it was compared with."""
+    """τ and tok/s of this draft against the no-speculation baseline and the previous best draft.
+
+    From the evaluate stage's eval/report.json and the publish stage's eval/publish.json
+    (its `compared.previous_best` and decision); report.json of the report folder as a fallback.
+    """
     evaluation = _read_json(storage.join(paths["eval"], "report.json")) if paths.get("eval") else None
     doc = evaluation if isinstance(evaluation, dict) else report.get("evaluate") or report.get("acceptance")
     if not isinstance(doc, dict) and "acceptance_length" in report:
         doc = report
     if not isinstance(doc, dict):
         return None
-    scalars = {k: v for k, v in doc.items() if isinstance(v, (int, float, str, bool)) or v is None}
-    compared = {k: v for k, v in doc.items() if isinstance(v, dict) and k in
-                ("baseline", "previous", "previous_draft", "previous_best", "compared", "comparison", "publish")}
-    return {"scalars": scalars, "compared": compared}
+    publish = _read_json(storage.join(paths["eval"], "publish.json")) if paths.get("eval") else None
+    publish = publish if isinstance(publish, dict) else {}
+    previous = (publish.get("compared") or {}).get("previous_best") or doc.get("previous_best") or doc.get("previous")
+    rates = doc.get("accept_rate_by_position")
+    return {
+        "tau": doc.get("acceptance_length"), "lossless": doc.get("lossless"), "speedup": doc.get("speedup"),
+        "tokens_per_s_spec": doc.get("tokens_per_s_spec"), "tokens_per_s_base": doc.get("tokens_per_s_base"),
+        "steps": doc.get("steps"), "prompts": doc.get("num_prompts", doc.get("prompts")),
+        "sim_accept_len": doc.get("sim_accept_len"),
+        "accept_rate_by_position": rates if isinstance(rates, list) else None,
+        "previous": previous if isinstance(previous, dict) else None,
+        "published": publish.get("published"), "publish_reason": publish.get("reason"),
+    }
 
 
 def _reused(summary: dict, report: dict, datasets: dict | None, extraction: dict | None) -> list[str]:

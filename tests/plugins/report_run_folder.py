@@ -36,15 +36,17 @@ def write_run(root: Path, dag_id: str = DAG_ID, run_id: str = RUN_ID) -> Path:
         (run / sub).mkdir(parents=True, exist_ok=True)
     store = root / "store" / "abc123-L1_13_26-bf16"
     store.mkdir(parents=True)
-    (run / "stats" / "stats.json").write_text(json.dumps({
+    (run / "stats" / "stats_table.json").write_text(json.dumps({
         "datasets": [
             {"dataset": "arithmetic", "samples": 930, "tokens": 70_000, "loss_tokens": 20_000,
              "sample_share": 0.93, "token_share": 0.68, "reused": True},
             {"dataset": "long_agent", "samples": 70, "tokens": 33_000, "loss_tokens": 9_000,
-             "sample_share": 0.07, "token_share": 0.32, "reused": False, "flagged": True},
+             "sample_share": 0.07, "token_share": 0.32, "flagged": True},
         ],
-        "flagged": [{"dataset": "long_agent", "reason": "token share 32% vs sample share 7%"}],
+        "flags": [{"dataset": "long_agent", "ratio": 4.6, "message": "token share 32% vs sample share 7%"}],
     }))
+    (root / "prepared" / "long_agent").mkdir(parents=True)
+    (root / "prepared" / "long_agent" / "stats.json").write_text(json.dumps({"dataset": "long_agent", "reused": False}))
     (run / "merged" / "verify.json").write_text(json.dumps({"passed": False, "checks": [
         {"name": "counts_add_up", "passed": True, "detail": "1000 in = 990 out + 10 drops"},
         {"name": "lengths_within_max_seq_len", "passed": False, "detail": "3 samples longer than 2048"},
@@ -63,8 +65,12 @@ def write_run(root: Path, dag_id: str = DAG_ID, run_id: str = RUN_ID) -> Path:
     (run / "checkpoint" / "latest.json").write_text(json.dumps({"step": 30, "path": "step-30"}))
     (run / "eval" / "report.json").write_text(json.dumps({
         "acceptance_length": 2.61, "lossless": True, "tokens_per_s_spec": 41.5, "tokens_per_s_base": 30.2,
-        "speedup": 1.37, "steps": 3, "prompts": 20,
-        "baseline": {"tokens_per_s": 30.2}, "previous": {"acceptance_length": 2.1, "run_id": "manual__old"},
+        "speedup": 1.37, "steps": 3, "num_prompts": 20, "accept_rate_by_position": [0.8, 0.6, 0.45],
+        "prompts": [{"prompt": "def f():", "lossless": True}],
+    }))
+    (run / "eval" / "publish.json").write_text(json.dumps({
+        "published": True, "reason": "beats the previous best τ 2.100 (entry e-old)",
+        "compared": {"previous_best": {"id": "e-old", "acceptance_length": 2.1, "tokens_per_s_spec": 35.0}},
     }))
     (run / "report" / "report.json").write_text(json.dumps({"run_id": run_id, "summary": "hand-made"}))
     (run / "report" / "report.html").write_text("<html><body><img src='training_curves.png'></body></html>")
@@ -72,6 +78,7 @@ def write_run(root: Path, dag_id: str = DAG_ID, run_id: str = RUN_ID) -> Path:
     _png(run / "report" / "acceptance_by_position.png", "accept rate", [0.8, 0.6, 0.45])
     (run / "run_summary.json").write_text(json.dumps({
         "dag_id": dag_id, "run_id": run_id, "report_dir": str(run / "report"),
+        "prepared": str(root / "prepared"),
         "paths": {"stats": str(run / "stats"), "merged": str(run / "merged"), "store": str(root / "store"),
                   "checkpoint": str(run / "checkpoint"), "eval": str(run / "eval")},
         "summaries": {"extract": {"samples_extracted": 795, "skipped": 195}},

@@ -33,8 +33,11 @@ class TestLoadRun:
         assert (store["tasks"], store["shards"], store["samples"], store["tokens"]) == (2, 3, 795, 79_500)
         assert run["extraction"]["planned_samples"] == 990
         assert run["training"]["events"] == 3 and run["training"]["last"]["step"] == 30
-        assert run["acceptance"]["scalars"]["acceptance_length"] == 2.61
-        assert run["acceptance"]["compared"]["previous"]["acceptance_length"] == 2.1
+        acc = run["acceptance"]
+        assert (acc["tau"], acc["tokens_per_s_base"], acc["prompts"]) == (2.61, 30.2, 20)
+        assert acc["previous"]["acceptance_length"] == 2.1 and acc["published"] is True
+        assert acc["accept_rate_by_position"] == [0.8, 0.6, 0.45]
+        assert run["datasets"]["rows"][1]["reused"] is False  # from prepared/long_agent/stats.json
         assert "dataset arithmetic: tokenization reused (fingerprint unchanged)" in run["reused"]
         assert "extraction: skipped = 195" in run["reused"]
         assert sorted(run["plots"]) == [("report", "acceptance_by_position.png"), ("report", "training_curves.png")]
@@ -96,7 +99,7 @@ class TestPage:
         assert '<tr class="flagged">' in html and "token share 32% vs sample share 7%" in html
         assert "verify: FAILED" in html and "lengths_within_max_seq_len" in html
         assert "79,500" in html  # extraction tokens summed over the index files
-        assert "2.61" in html and "acceptance_length" in html
+        assert "<b>2.61</b>" in html and "previous best draft" in html and "beats the previous best" in html
         assert "not yet available" not in html
         assert 'src="/runs/eagle3_train/manual__2026-11-29T09%3A00%3A00%2B00%3A00/files/report/training_curves.png"' in html
 
@@ -126,7 +129,7 @@ class TestPage:
 
     def test_data_endpoint(self, client):
         data = client.get(f"/runs/{DAG_ID}/{RUN_ID}/data").json()
-        assert data["acceptance"]["scalars"]["lossless"] is True
+        assert data["acceptance"]["lossless"] is True
         assert data["plots"][0][0] == "report"
 
     def test_bad_run_id_is_400(self, client):
