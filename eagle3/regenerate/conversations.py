@@ -20,6 +20,7 @@ from eagle3 import storage
 from eagle3.errors import InputError
 
 ROLES = ("system", "user", "assistant", "tool")
+_ROLE_ALIASES = {"developer": "system", "function": "tool"}
 _SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                    "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
                    "tool": "tool", "function_call": "assistant", "observation": "tool", "function": "tool"}
@@ -71,25 +72,36 @@ def _content_text(content: Any, where: str) -> str:
     raise BadRecord(f"{where}: content must be a string, got {type(content).__name__}")
 
 
+def _maybe_json(value: Any, key: str) -> Any:
+    # Parquet files often hold nested lists as JSON strings.
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            raise BadRecord(f"key {key!r} holds a string that is not JSON") from None
+    return value
+
+
 def _from_messages(record: dict) -> tuple[list[dict], list | None]:
-    msgs = record.get("messages")
+    msgs = _maybe_json(record.get("messages"), "messages")
     if not isinstance(msgs, list) or not msgs:
         raise BadRecord("key 'messages' must be a non-empty list of {role, content}")
     out = []
     for j, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
+        role = _ROLE_ALIASES.get(m.get("role"), m.get("role")) if isinstance(m, dict) else None
+        if role not in ROLES:
             raise BadRecord(f"messages[{j}].role must be one of {', '.join(ROLES)}, got {m!r:.80}")
-        msg = {"role": m["role"], "content": _content_text(m.get("content"), f"messages[{j}].content")}
+        msg = {"role": role, "content": _content_text(m.get("content"), f"messages[{j}].content")}
         for key in ("tool_calls", "tool_call_id", "name", "reasoning_content"):
             if m.get(key) is not None:
                 msg[key] = m[key]
         out.append(msg)
-    tools = record.get("tools")
+    tools = _maybe_json(record.get("tools"), "tools")
     return out, tools if isinstance(tools, list) and tools else None
 
 
 def _from_sharegpt(record: dict) -> tuple[list[dict], None]:
-    turns = record.get("conversations")
+    turns = _maybe_json(record.get("conversations", record.get("messages")), "conversations")
     if not isinstance(turns, list) or not turns:
         raise BadRecord("key 'conversations' must be a non-empty list of {from, value}")
     out = []

@@ -132,3 +132,26 @@ def test_chat_completions_url_forms():
     assert chat_completions_url("http://h:1/v1/") == "http://h:1/v1/chat/completions"
     assert chat_completions_url("https://openrouter.ai/api/v1") == "https://openrouter.ai/api/v1/chat/completions"
     assert chat_completions_url("http://h/v1/chat/completions") == "http://h/v1/chat/completions"
+
+
+def test_parquet_source_and_output_read_by_tokenize(tmp_path, fake_server):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eagle3.tokenize.readers import Conversation, read_records
+
+    server = fake_server("--reasoning")
+    rows = [{"messages": json.dumps(c["messages"])} for c in conversations(3, turns=1)]  # JSON strings
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "chat.parquet")
+    manifest = tmp_path / "manifest.yaml"
+    manifest.write_text(yaml.safe_dump({"datasets": [
+        {"name": "chat", "source": "chat.parquet", "format": "messages", "regenerate": True}]}))
+    summary = regenerate(cfg(manifest, tmp_path / "out", server))
+    (spec,) = yaml.safe_load(open(summary["manifest"]))["datasets"]
+    got = list(read_records(spec["source"], spec["format"]))
+    assert len(got) == 3 and all(isinstance(c, Conversation) for c in got)
+    answer = got[0].messages[2]
+    assert answer["content"].startswith("answer 0 to: question 0.0")
+    assert answer["reasoning_content"].startswith("thinking about")
