@@ -138,6 +138,35 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def model_hidden_size(model: str) -> int:
+    """``hidden_size`` from a model's config.json (local dir, alias, or s3:// prefix, read without the weights)."""
+    if storage.is_s3(model):
+        config = storage.read_json(storage.join(model, "config.json"))
+    else:
+        from eagle3 import target
+
+        config = storage.read_json(storage.join(target.resolve_model(model), "config.json"))
+    hidden = config.get("hidden_size") or (config.get("text_config") or {}).get("hidden_size")
+    if not isinstance(hidden, int):
+        raise InputError(f"model {model!r}: config.json has no integer hidden_size; pass --hidden-size instead")
+    return hidden
+
+
+def run_stats(prepared: str, max_seq_len: int = 8192, model: str | None = None, out: str | None = None,
+              hidden_size: int | None = None, tokens_per_s: float = DEFAULT_TOKENS_PER_S) -> dict[str, Any]:
+    """compute_stats with the hidden size taken from ``model``; also copies the table files to ``out``.
+
+    Returns the stats dict plus ``table_text`` (the formatted table, for logs).
+    """
+    hidden = hidden_size or (model_hidden_size(model) if model else DEFAULT_HIDDEN_SIZE)
+    result = compute_stats(prepared, max_seq_len=max_seq_len, hidden_size=hidden, tokens_per_s=tokens_per_s)
+    text = format_table(result)
+    if out:
+        storage.write_json(storage.join(out, "stats_table.json"), result)
+        storage.write_text(storage.join(out, "stats_table.txt"), text + "\n")
+    return {**result, "table_text": text}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prepared", required=True, metavar="PREP", help="prepared folder written by eagle3 tokenize")
     parser.add_argument("--max-seq-len", type=int, default=8192, metavar="N",
@@ -146,17 +175,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--hidden-size", type=int, metavar="H",
                       help=f"target hidden size for the extraction cost (default {DEFAULT_HIDDEN_SIZE})")
     size.add_argument("--model", metavar="T", help="read the hidden size from this model's config.json instead")
+    parser.add_argument("--out", metavar="DIR", help="also write stats_table.json/.txt here (e.g. the run's stats folder)")
     parser.add_argument("--tokens-per-s", type=float, default=DEFAULT_TOKENS_PER_S, metavar="F",
                         help=f"assumed extraction speed for the hours estimate (default {DEFAULT_TOKENS_PER_S:,.0f})")
 
 
 def run(args: argparse.Namespace) -> int:
-    hidden = args.hidden_size or DEFAULT_HIDDEN_SIZE
-    if args.model:
-        from eagle3 import target
-
-        hidden = int(storage.read_json(storage.join(target.resolve_model(args.model), "config.json"))["hidden_size"])
-    result = compute_stats(args.prepared, max_seq_len=args.max_seq_len, hidden_size=hidden,
-                           tokens_per_s=args.tokens_per_s)
-    print(format_table(result))
+    result = run_stats(args.prepared, max_seq_len=args.max_seq_len, model=args.model, out=args.out,
+                       hidden_size=args.hidden_size, tokens_per_s=args.tokens_per_s)
+    print(result["table_text"])
     return 0

@@ -7,6 +7,7 @@ template, settings, code version) is unchanged is not tokenized again.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -238,9 +239,10 @@ def _tokenize_file(cfg: TokenizeConfig, local: str, tok_dir: str, parquet: _Parq
     batches = masker.encode_pipelined(chunks()) if masker is not None else token_batches()
     for batch in batches:
         parquet.write(batch)
+        # The token total is estimated from the tokens per sample seen so far, so the ETA means something.
+        samples, tokens = progress.samples + len(batch.offsets) - 1, progress.tokens + int(batch.offsets[-1])
+        progress.total_tokens = max(int(tokens / max(samples, 1) * total), tokens, 1)
         progress.update(samples=len(batch.offsets) - 1, tokens=int(batch.offsets[-1]))
-        # Refine the token total from the tokens per sample seen so far, so the ETA means something.
-        progress.total_tokens = max(int(progress.tokens / max(progress.samples, 1) * total), progress.tokens, 1)
     progress.finish()
     facts: dict[str, Any] = {"over_cap": counts["over_cap"], "vocab_size": vocab_size}
     if masker is not None:
@@ -334,18 +336,34 @@ def tokenize_dataset(cfg: TokenizeConfig) -> dict[str, Any]:
     return _summary(stats, out_dir)
 
 
+def _find_spec(manifest: str, dataset: str):
+    specs = load_manifest(manifest, check_sources=False)  # only this dataset's source is read (and checked)
+    for spec in specs:
+        if spec.name == dataset:
+            return spec
+    raise InputError(f"dataset {dataset!r} is not in {manifest}; its datasets are: {', '.join(s.name for s in specs)}")
+
+
+def tokenize_manifest_dataset(manifest: str, dataset: str, tokenizer: str, out: str,
+                              source_override: str | None = None, **settings: Any) -> dict[str, Any]:
+    """Tokenize one dataset of ``manifest`` (the DAG maps this over the dataset names).
+
+    ``source_override`` replaces the manifest's source with a regenerated file
+    (format ``messages``, as ``eagle3 regenerate`` writes it).
+    """
+    spec = _find_spec(manifest, dataset)
+    if source_override:
+        spec = dataclasses.replace(spec, source=source_override, format="messages")
+    return tokenize_dataset(TokenizeConfig.for_dataset(spec, tokenizer, out, **settings))
+
+
 def tokenize_manifest(manifest: str, tokenizer: str, out: str, dataset: str | None = None,
                       **settings: Any) -> dict[str, dict[str, Any]]:
     """Tokenize every dataset of ``manifest`` (or only ``dataset``); {name: summary}.
 
     All datasets are attempted; if any fails, one InputError lists every failure.
     """
-    specs = load_manifest(manifest)
-    if dataset is not None:
-        specs = [s for s in specs if s.name == dataset]
-        if not specs:
-            names = ", ".join(s.name for s in load_manifest(manifest))
-            raise InputError(f"dataset {dataset!r} is not in {manifest}; its datasets are: {names}")
+    specs = [_find_spec(manifest, dataset)] if dataset is not None else load_manifest(manifest)
     results, failures = {}, []
     for spec in specs:
         try:

@@ -12,7 +12,7 @@ import pytest
 from eagle3 import storage
 from eagle3.cli import main
 from eagle3.errors import InputError
-from eagle3.stats import bytes_per_token, compute_stats, format_table
+from eagle3.stats import bytes_per_token, compute_stats, format_table, run_stats
 
 
 def write_dataset(prep, name: str, lengths: list[int], category: str = "chat") -> None:
@@ -92,3 +92,15 @@ def test_stats_on_s3(prep, s3_bucket):
     result = compute_stats(f"{s3_bucket}/prep")
     assert [r["dataset"] for r in result["datasets"]] == ["a1", "b"]
     assert storage.exists(f"{s3_bucket}/prep/stats_table.txt")
+
+
+def test_run_stats_reads_hidden_size_and_copies_to_out(prep, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    result = run_stats(str(prep), max_seq_len=4096, model=str(model), out=str(tmp_path / "run" / "stats"))
+    assert result["hidden_size"] == 64 and result["bytes_per_token"] == 8 * 64 + 5
+    assert "FLAG a1" in result["table_text"]
+    saved = json.loads((tmp_path / "run" / "stats" / "stats_table.json").read_text())
+    assert saved["flags"][0]["dataset"] == "a1" and "table_text" not in saved
+    assert (tmp_path / "run" / "stats" / "stats_table.txt").read_text().strip() == result["table_text"]

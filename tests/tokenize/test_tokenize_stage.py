@@ -14,7 +14,7 @@ import pytest
 from eagle3 import storage
 from eagle3.cli import main
 from eagle3.errors import InputError
-from eagle3.tokenize.stage import TokenizeConfig, tokenize_dataset, tokenize_manifest
+from eagle3.tokenize.stage import TokenizeConfig, tokenize_dataset, tokenize_manifest, tokenize_manifest_dataset
 
 
 def conv(i: int) -> dict:
@@ -144,3 +144,17 @@ def test_manifest_and_cli(tmp_path, chatml_dir, capsys):
     assert main(["tokenize", "--manifest", str(tmp_path / "m.yaml"), "--tokenizer", chatml_dir, "--out", prep,
                  "--dataset", "zzz"]) == 2
     assert "dataset 'zzz' is not in" in capsys.readouterr().err
+
+
+def test_manifest_dataset_with_regenerated_source(tmp_path, chatml_dir):
+    write_jsonl(tmp_path / "orig.jsonl", [{"input_ids": [1, 2], "loss_mask": [0, 1]}])
+    regenerated = write_jsonl(tmp_path / "regen.jsonl", [conv(i) for i in range(3)])
+    (tmp_path / "m.yaml").write_text("datasets:\n  - {name: a, source: orig.jsonl, format: tokenized, "
+                                     "regenerate: true, max_samples: 2}\n")
+    summary = tokenize_manifest_dataset(str(tmp_path / "m.yaml"), "a", chatml_dir, str(tmp_path / "prep"),
+                                        source_override=regenerated, max_reject_share=0.0)
+    stats = json.loads((tmp_path / "prep" / "a" / "stats.json").read_text())
+    assert (summary["samples"], stats["format"], stats["source_uri"], stats["over_cap"]) == \
+        (2, "messages", regenerated, 1)
+    with pytest.raises(InputError, match="'b' is not in"):
+        tokenize_manifest_dataset(str(tmp_path / "m.yaml"), "b", chatml_dir, str(tmp_path / "prep"))
