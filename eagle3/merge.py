@@ -244,8 +244,12 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
                 tallies[names[si]].kept(len(sel), tok[sel].sum(), loss[sel].sum())
             io, ids = list_parts(table.column("input_ids").chunk(0), np.int32)
             _, mask = list_parts(table.column("loss_mask").chunk(0), np.uint8)
-            for lo in range(0, len(kept), 8192):  # bounded gathers: memory stays ~ one bucket
-                rows = kept[lo:lo + 8192]
+            # Gather and write ~1M tokens at a time, so memory stays about one bucket.
+            ends = np.cumsum(np.diff(io)[kept])
+            cuts = np.unique(np.searchsorted(ends, np.arange(1, ends[-1] // 2**20 + 1) * 2**20)) if len(kept) else []
+            for rows in np.split(kept, cuts):
+                if not len(rows):
+                    continue
                 off, g_ids, g_mask = gather_rows(io, rows, ids, mask)
                 writer.write_table(rows_table(off, g_ids, g_mask, cid[rows], loss[rows],
                                               [names[s] for s in src[rows]], sid[rows]))

@@ -117,9 +117,14 @@ def list_parts(col, dtype) -> tuple[np.ndarray, np.ndarray]:
 
 
 def segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    cs = np.zeros(len(values) + 1, np.int64)
-    np.cumsum(values, out=cs[1:])
-    return cs[offsets[1:]] - cs[offsets[:-1]]
+    """Per-row sums of a flat array (int64), rows given by absolute offsets into `values`."""
+    lengths = np.diff(offsets)
+    out = np.zeros(len(lengths), np.int64)
+    full = np.flatnonzero(lengths > 0)
+    if len(full):
+        # reduceat sums from each start to the next start, so empty rows are left out of the index
+        out[full] = np.add.reduceat(values[:offsets[-1]], offsets[:-1][full], dtype=np.int64)
+    return out
 
 
 @dataclass
