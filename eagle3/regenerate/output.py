@@ -83,11 +83,14 @@ class RecordLog:
     def close(self) -> None:
         self._f.close()
 
-    def sort_by_source_line(self) -> None:
-        """Rewrite the file in source order (atomically); only called once nothing is in flight."""
+    def rewrite(self, keep_ids: set[str]) -> None:
+        """Rewrite the file in source order, keeping only ``keep_ids`` (conversations of a source
+        that changed since an earlier run are dropped); atomic, called when nothing is in flight."""
         self.close()
-        lines = self.path.read_bytes().splitlines(keepends=True)
+        lines = [raw for raw in self.path.read_bytes().splitlines(keepends=True)
+                 if json.loads(raw)["id"] in keep_ids]
         lines.sort(key=lambda raw: json.loads(raw)["source"]["line"])
+        self.done = {k: v for k, v in self.done.items() if k in keep_ids}
         storage.write_bytes(str(self.path), b"".join(lines))
         self._f = open(self.path, "ab")
 

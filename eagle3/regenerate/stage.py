@@ -165,17 +165,20 @@ async def _run_dataset(cfg: RegenerateConfig, spec, backend) -> dict[str, Any]:
         output.fetch_previous(local, cfg.out, spec.name)
     records = output.RecordLog(local / output.RECORDS, cfg.settings(), restart=cfg.restart)
     errors = output.ErrorLog(local / output.ERRORS, spec.source)
-    resumed = len(records.done)
     meter = _Meter(backend)
     todo: list[Conversation] = []
+    ids: set[str] = set()
     total = bad = 0
     for line, item in read_conversations(spec.source, spec.format, spec.max_samples):
         total += 1
         if isinstance(item, BadRecord):
             bad += 1
             errors.add(line, None, str(item), kind="bad_record")
-        elif item.id not in records.done:
+            continue
+        ids.add(item.id)
+        if item.id not in records.done:
             todo.append(item)
+    resumed = len(ids) - len(todo)
     turns = sum(sum(m["role"] == "assistant" for m in c.messages) + 1 for c in todo)
     progress = Progress(f"regenerate[{spec.name}]", total_samples=len(todo),
                         total_tokens=turns * cfg.max_tokens)  # an upper bound: ETA is pessimistic
@@ -201,9 +204,10 @@ async def _run_dataset(cfg: RegenerateConfig, spec, backend) -> dict[str, Any]:
     finally:
         errors.close()
         wall = time.monotonic() - start
-        complete = len(records.done) + failed + bad == total
-        if complete and todo:
-            records.sort_by_source_line()
+        finished = sum(i in records.done for i in ids)
+        complete = finished + failed + bad == total
+        if complete and (todo or finished != len(records.done)):
+            records.rewrite(keep_ids=ids)
         records.close()
         stats = _stats(cfg, spec, records, total, resumed, bad, failed, meter, backend, wall, complete)
         storage.write_json(str(local / output.STATS), stats)

@@ -155,3 +155,17 @@ def test_parquet_source_and_output_read_by_tokenize(tmp_path, fake_server):
     answer = got[0].messages[2]
     assert answer["content"].startswith("answer 0 to: question 0.0")
     assert answer["reasoning_content"].startswith("thinking about")
+
+
+def test_changed_source_line_is_redone_and_stale_answer_dropped(tmp_path, fake_server):
+    server = fake_server()
+    convs = conversations(3, turns=1)
+    manifest = write_dataset(tmp_path, convs)
+    regenerate(cfg(manifest, tmp_path / "out", server))
+    convs[1]["messages"][1]["content"] = "a brand new question"
+    write_dataset(tmp_path, convs)
+    stats = regenerate(cfg(manifest, tmp_path / "out", server))["datasets"]["chat"]
+    assert (stats["resumed"], stats["this_run"]["requests"], stats["done"]) == (2, 1, 3)
+    recs = read_jsonl(tmp_path / "out/chat/regenerated.jsonl")
+    assert [r["messages"][1]["content"] for r in recs][1] == "a brand new question"
+    assert len(recs) == 3
