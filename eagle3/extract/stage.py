@@ -107,7 +107,8 @@ def extract(cfg: ExtractConfig) -> dict:
     from eagle3.devices import lease_device
 
     device = _resolve_device(cfg.device)
-    with lease_device(1 if device.startswith("cuda") else 0, root=cfg.lease_root) as leased:
+    # "cuda" leases a free GPU; an explicit "cuda:N" is the caller's choice and takes no lease.
+    with lease_device(1 if device == "cuda" else 0, root=cfg.lease_root) as leased:
         if device == "cuda" and leased != "cpu":
             import torch
 
