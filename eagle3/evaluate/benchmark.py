@@ -79,7 +79,7 @@ def offline_sim_accept_len(checkpoint: str) -> dict | None:
     chosen = (is_eval or lines or [None])[-1]
     if chosen is None:
         return None
-    acc = {k: v for k, v in chosen.items() if k.startswith("acc_")}
+    acc = chosen.get("acc_i") or [v for k, v in sorted(chosen.items()) if k.startswith("acc_") and k[4:].isdigit()]
     return {"sim_accept_len": float(chosen["sim_accept_len"]), "step": chosen.get("step"),
             "from_eval_split": bool(is_eval), "acc": acc}
 
