@@ -104,6 +104,16 @@ class RegenerateConfig:
         return (prompt_tokens * self.price_prompt_per_m + completion_tokens * self.price_completion_per_m) / 1e6
 
 
+def regenerated_dir(storage_root: str) -> str:
+    """Where the pipeline keeps regenerated datasets under a storage root (the DAG's ``--out``)."""
+    return storage.join(storage_root, "regenerated")
+
+
+def regenerated_source(storage_root: str, dataset: str) -> str:
+    """The regenerated JSONL that replaces ``dataset``'s source for tokenize."""
+    return storage.join(regenerated_dir(storage_root), dataset, output.RECORDS)
+
+
 def _redact(url: str) -> str:
     return re.sub(r"//[^/@]+@", "//***@", url)
 

@@ -169,3 +169,13 @@ def test_changed_source_line_is_redone_and_stale_answer_dropped(tmp_path, fake_s
     recs = read_jsonl(tmp_path / "out/chat/regenerated.jsonl")
     assert [r["messages"][1]["content"] for r in recs][1] == "a brand new question"
     assert len(recs) == 3
+
+
+def test_regenerated_source_is_where_the_stage_writes(tmp_path, fake_server):
+    from eagle3.regenerate.stage import regenerated_dir, regenerated_source
+
+    server = fake_server()
+    manifest = write_dataset(tmp_path, conversations(1, turns=1))
+    stats = regenerate(cfg(manifest, regenerated_dir(str(tmp_path / "root")), server))["datasets"]["chat"]
+    assert stats["output"] == regenerated_source(str(tmp_path / "root"), "chat")
+    assert read_jsonl(regenerated_source(str(tmp_path / "root"), "chat"))[0]["id"]
