@@ -26,7 +26,20 @@ from report_run_folder import DAG_ID, PLUGINS, REPO, RUN_ID, write_run
 pytestmark = pytest.mark.integration
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 ARTIFACTS_DIR = REPO / "test-artifacts"  # gitignored; CI keeps it
-PAGE = f"/eagle3/runs/{DAG_ID}/{RUN_ID.replace(':', '%3A').replace('+', '%2B')}"
+ENCODED_RUN_ID = RUN_ID.replace(":", "%3A").replace("+", "%2B")  # as the UI's encodeURIComponent writes it
+PAGE = f"/eagle3/runs/{DAG_ID}/{ENCODED_RUN_ID}"
+STAND_IN_DAG = """
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import dag
+
+
+@dag(dag_id="eagle3_train", schedule=None)
+def eagle3_train():
+    EmptyOperator(task_id="report")
+
+
+eagle3_train()
+"""
 
 
 def _free_port() -> int:
@@ -41,7 +54,9 @@ def api_server(tmp_path_factory):
     home = tmp_path_factory.mktemp("airflow_home_plugin")
     artifacts = home / "artifacts"
     write_run(artifacts)
+    # A stand-in eagle3_train DAG (one empty task) so the UI has a DAG and a run to show the tab on.
     (home / "dags").mkdir()
+    (home / "dags" / "eagle3_train.py").write_text(STAND_IN_DAG)
     (home / "passwords.json").write_text(json.dumps({"admin": "admin"}))
     env = {
         **os.environ,
@@ -57,8 +72,9 @@ def api_server(tmp_path_factory):
         "EAGLE3_ARTIFACTS": str(artifacts),
         "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
-    migrate = subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, text=True, timeout=600)
-    assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
+    for args in (["db", "migrate"], ["dags", "reserialize"], ["dags", "trigger", DAG_ID, "--run-id", RUN_ID]):
+        done = subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"airflow {' '.join(args)}: " + done.stdout[-3000:] + done.stderr[-3000:]
     port = _free_port()
     log = open(home / "api-server.log", "w")
     proc = subprocess.Popen([AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
@@ -125,15 +141,19 @@ def test_plugin_is_registered_with_a_dag_run_view(api_server):
 
 
 class _AuthProxy(BaseHTTPRequestHandler):
-    """Forwards GETs to the api-server with the Bearer token added: Chromium's command line cannot set
-    headers or cookies, and the product should not accept tokens in URLs."""
+    """Forwards GETs to the api-server with the caller's credential added: Chromium's command line cannot set
+    headers or cookies, and the product takes no token in URLs. `cookie=True` sends it as the UI's `_token`
+    cookie (what a logged-in browser sends), else as a Bearer header."""
 
     upstream = ""
     token = ""
+    cookie = False
     seen: list[tuple[str, int]] = []
 
     def do_GET(self):  # noqa: N802 (http.server API)
-        r = httpx.get(self.upstream + self.path, headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
+        auth = {"cookies": {"_token": self.token}} if self.cookie else {
+            "headers": {"Authorization": f"Bearer {self.token}"}}
+        r = httpx.get(self.upstream + self.path, timeout=60, **auth)
         self.seen.append((self.path, r.status_code))
         self.send_response(r.status_code)
         self.send_header("Content-Type", r.headers.get("content-type", "application/octet-stream"))
@@ -145,25 +165,25 @@ class _AuthProxy(BaseHTTPRequestHandler):
         pass
 
 
-def test_screenshot_in_headless_chromium(api_server):
+def _screenshot(base: str, token: str, path: str, shot: Path, *, cookie: bool, size: str, wait_ms: int) -> dict:
+    """Load base+path in headless Chromium through the proxy; return {requested path: status}."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
         pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
-    base, token, _ = api_server
-    handler = type("Proxy", (_AuthProxy,), {"upstream": base, "token": token, "seen": []})
+    handler = type("Proxy", (_AuthProxy,), {"upstream": base, "token": token, "cookie": cookie, "seen": []})
     proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     ARTIFACTS_DIR.mkdir(exist_ok=True)
-    shot = ARTIFACTS_DIR / "eagle3_report_page.png"
     shot.unlink(missing_ok=True)
     profile = tempfile.mkdtemp(prefix="chromium-profile-")
     try:
         proc = subprocess.run(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", f"--screenshot={shot}", "--window-size=1280,1600",
-             f"http://127.0.0.1:{proxy.server_port}{PAGE}"],
-            capture_output=True, text=True, timeout=180,
+             f"--user-data-dir={profile}", f"--screenshot={shot}", f"--window-size={size}",
+             # Virtual time lets the React UI fetch its data and the iframe load before the shot.
+             f"--virtual-time-budget={wait_ms}", f"http://127.0.0.1:{proxy.server_port}{path}"],
+            capture_output=True, text=True, timeout=240,
         )
     finally:
         proxy.shutdown()
@@ -171,8 +191,26 @@ def test_screenshot_in_headless_chromium(api_server):
         shutil.rmtree(profile, ignore_errors=True)
     assert shot.exists() and shot.stat().st_size > 20_000, proc.stderr[-3000:]
     assert shot.read_bytes()[:4] == b"\x89PNG"
+    return dict(handler.seen)
+
+
+def test_screenshot_of_the_page_in_headless_chromium(api_server):
+    base, token, _ = api_server
+    seen = _screenshot(base, token, PAGE, ARTIFACTS_DIR / "eagle3_report_page.png", cookie=False,
+                       size="1280,1600", wait_ms=5000)
     # Chromium fetched the page and both plots through the app, all authorised.
-    paths = {p: s for p, s in handler.seen}
-    assert paths.get(PAGE) == 200, handler.seen
-    assert paths.get(f"{PAGE}/files/report/training_curves.png") == 200, handler.seen
-    assert paths.get(f"{PAGE}/files/report/acceptance_by_position.png") == 200, handler.seen
+    assert seen.get(PAGE) == 200, seen
+    assert seen.get(f"{PAGE}/files/report/training_curves.png") == 200, seen
+    assert seen.get(f"{PAGE}/files/report/acceptance_by_position.png") == 200, seen
+
+
+def test_screenshot_of_the_dag_run_tab_in_the_airflow_ui(api_server):
+    """The real React UI: the run's "EAGLE-3 report" tab loads the page in an iframe, authenticated by the cookie."""
+    base, token, _ = api_server
+    tab = f"/dags/{DAG_ID}/runs/{ENCODED_RUN_ID}/plugin/eagle3-report"
+    seen = _screenshot(base, token, tab, ARTIFACTS_DIR / "eagle3_report_ui_tab.png", cookie=True,
+                       size="1400,1000", wait_ms=20000)
+    assert seen.get(tab) == 200, seen
+    assert seen.get("/api/v2/plugins") == 200, seen  # the UI learnt the tab from the plugin registry
+    assert seen.get(PAGE) == 200, seen  # the iframe, with {DAG_ID}/{RUN_ID} filled in by the UI
+    assert seen.get(f"{PAGE}/files/report/training_curves.png") == 200, seen
