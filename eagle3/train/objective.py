@@ -16,8 +16,6 @@ count in N_i with zero loss (they are masked, as the draft's loss masks them).
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from eagle3.draft import ttt
@@ -56,49 +54,8 @@ def targets(batch: dict, lm_head: torch.Tensor, d2t: torch.Tensor, t2d: torch.Te
     return logits[..., :-1], where[..., 0] >= 0
 
 
-def _supports_normalizer() -> bool:
-    return "normalizer" in inspect.signature(ttt.ttt_forward).parameters
-
-
 def ttt_sums(draft, batch: dict, target_logits: torch.Tensor, in_draft: torch.Tensor,
              denominators: torch.Tensor, ttt_length: int) -> ttt.TTTResult:
-    """TTT over one micro-batch with the loss normalized by the global ``denominators``.
-
-    Uses ``ttt_forward(normalizer=...)`` when the draft module offers it;
-    otherwise runs the same steps through the draft's public pieces
-    (`ttt_step`, `positions_in_sample`, `step0_mask`). tests/train/
-    test_objective.py checks both paths agree with ``ttt_forward``.
-    """
-    segment_ids = batch["attention_mask"].long()
-    args = (draft, batch["input_ids"], batch["aux"], target_logits, in_draft, batch["loss_mask"], segment_ids)
-    if _supports_normalizer():
-        return ttt.ttt_forward(*args, ttt_length=ttt_length, normalizer=denominators)
-    return _ttt_global(*args, ttt_length=ttt_length, normalizer=denominators)
-
-
-def _shift(x: torch.Tensor, k: int, fill) -> torch.Tensor:
-    pad = torch.full_like(x[:, :k], fill)
-    return torch.cat([x[:, k:], pad], dim=1)
-
-
-def _ttt_global(draft, input_ids, aux, target_logits, in_draft, loss_mask, segment_ids, *, ttt_length,
-                normalizer, step_decay: float = ttt.DEFAULT_STEP_DECAY) -> ttt.TTTResult:
-    # Same alignment as ttt.ttt_forward (docs/CONTRACTS.md); only the divisor differs.
-    loss_mask, in_draft = loss_mask.bool(), in_draft.bool()
-    pos, mask0 = ttt.positions_in_sample(segment_ids), ttt.step0_mask(segment_ids)
-    hidden = draft.project_aux(aux)
-    history: list = []
-    total = hidden.new_zeros((), dtype=torch.float32)
-    sums, correct, counts = [], [], []
-    for i in range(ttt_length):
-        logits, hidden = draft.ttt_step(_shift(input_ids, 1 + i, 0), hidden, pos + i, history, mask0)
-        target = _shift(target_logits, 1 + i, 0).float()
-        same = (_shift(segment_ids, 2 + i, -1) == segment_ids) & (segment_ids != 0)
-        mask = _shift(loss_mask, 2 + i, False) & _shift(in_draft, 1 + i, False) & same
-        ce = -(target.softmax(-1) * torch.log_softmax(logits.float(), -1)).sum(-1)
-        step_sum = (ce * mask).sum()
-        total = total + (step_decay ** i) * step_sum / max(float(normalizer[i]), 1.0)
-        sums.append(step_sum.detach())
-        correct.append(((logits.argmax(-1) == target.argmax(-1)) & mask).sum())
-        counts.append(mask.sum())
-    return ttt.TTTResult(total, torch.stack(sums), torch.stack(correct), torch.stack(counts))
+    """TTT over one collated micro-batch with the loss divided by the global ``denominators``."""
+    return ttt.ttt_forward(draft, batch["input_ids"], batch["aux"], target_logits, in_draft, batch["loss_mask"],
+                           batch["attention_mask"].long(), ttt_length=ttt_length, normalizer=denominators)

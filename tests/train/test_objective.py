@@ -1,0 +1,76 @@
+"""Loss denominators from the data, top-k targets, and split invariance of the gradient."""
+
+from __future__ import annotations
+
+import torch
+
+from eagle3.draft import DraftConfig, Eagle3Draft
+from eagle3.train import data, objective
+
+
+def _tiny_draft(v=50, vd=50, h=16):
+    cfg = DraftConfig(hidden_size=h, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=128,
+                      vocab_size=v, draft_vocab_size=vd, aux_layer_ids=(1, 2, 3))
+    torch.manual_seed(0)
+    d2t = torch.zeros(vd, dtype=torch.long)
+    return Eagle3Draft(cfg, torch.randn(v, h), d2t, torch.ones(v, dtype=torch.bool))
+
+
+class _Store:
+    """In-memory stand-in for HiddenStateStore.get (the loop tests use the real store)."""
+
+    def __init__(self, lengths, h=16, v=50):
+        g = torch.Generator().manual_seed(1)
+        self.samples = {
+            sid: {"aux": torch.randn(n, 3 * h, generator=g), "input_ids": torch.randint(0, v, (n,), generator=g),
+                  "loss_mask": (torch.rand(n, generator=g) > 0.3).to(torch.uint8),
+                  "target": torch.randn(n, v, generator=g) * 3}
+            for sid, n in lengths.items()
+        }
+
+    def get(self, sid):
+        return self.samples[sid]
+
+
+def _grads(draft, store, lengths, micro_tokens, ttt_length=3):
+    ids = sorted(lengths)
+    denom = objective.step_denominators([store.get(s)["loss_mask"] for s in ids], ttt_length)
+    draft.zero_grad()
+    counts = torch.zeros(ttt_length)
+    for mb in data.micro_batches(ids, lengths, micro_tokens):
+        batch = data.collate(store, mb)
+        res = objective.ttt_sums(draft, batch, batch["target"], torch.ones_like(batch["input_ids"], dtype=torch.bool),
+                                 denom, ttt_length)
+        res.loss.backward()
+        counts += res.counts
+    return [p.grad.clone() for p in draft.parameters()], counts, denom
+
+
+def test_denominators_equal_trained_positions_when_all_targets_are_in_vocab():
+    lengths = {f"s{i}": n for i, n in enumerate([5, 9, 3, 12, 7])}
+    _, counts, denom = _grads(_tiny_draft(), _Store(lengths), lengths, 1000)
+    assert torch.equal(counts.double(), denom)
+
+
+def test_gradient_is_the_same_for_any_micro_batch_split():
+    lengths = {f"s{i}": n for i, n in enumerate([5, 9, 3, 12, 7, 10])}
+    store, draft = _Store(lengths), _tiny_draft()
+    whole, _, _ = _grads(draft, store, lengths, 1000)
+    split, _, _ = _grads(draft, store, lengths, 20)
+    assert len(data.micro_batches(sorted(lengths), lengths, 20)) > 2
+    for a, b in zip(whole, split):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_topk_targets_map_target_ids_into_the_draft_vocab():
+    v, d2t = 10, torch.tensor([2, 3, 4]) - torch.arange(3)  # draft vocab = target ids 2, 3, 4
+    t2d = torch.zeros(v, dtype=torch.bool)
+    t2d[[2, 3, 4]] = True
+    batch = {"topk_ids": torch.tensor([[[3, 7, 2], [9, 4, 1]]]),
+             "topk_logprobs": torch.tensor([[[-0.1, -2.0, -3.0], [-0.2, -1.0, -4.0]]])}
+    logits, in_draft = objective.targets(batch, None, d2t, t2d)
+    assert logits.shape == (1, 2, 3)
+    assert logits[0, 0, 1] == -0.1 and logits[0, 0, 0] == -3.0 and logits[0, 0, 2] < -1e8
+    assert logits[0, 1, 2] == -1.0
+    assert in_draft.tolist() == [[True, False]]  # row 2's top-1 (id 9) is outside the draft vocab
