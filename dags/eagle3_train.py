@@ -105,7 +105,7 @@ PARAMS = {
                           description="Tokens per micro-batch for extraction and training (halved on OOM)."),
     "ttt_length": Param(7, type="integer", minimum=1, maximum=16, title="TTT length",
                         description="Training-time-test steps."),
-    "epochs": Param(1, type="number", exclusiveMinimum=0, title="Epochs", description="Passes over the data."),
+    "epochs": Param(1, type="integer", minimum=1, title="Epochs", description="Passes over the training data."),
     "max_steps": Param(0, type="integer", minimum=0, title="Max steps",
                        description="Stop training after this many optimizer steps (0 = no limit)."),
     "lr": Param(3e-4, type="number", exclusiveMinimum=0, maximum=1, title="Learning rate",

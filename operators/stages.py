@@ -140,18 +140,17 @@ class MergeOperator(Eagle3Operator):
         from eagle3.merge import MergeConfig, merge
 
         self.stage_env()
-        datasets = None
+        datasets, drop = [], {d for d in str(self.drop).split(",") if d}
         if self.manifest:
+            # The prepared folder is shared between runs: merge only this manifest's datasets.
             from eagle3.tokenize.manifest import load_manifest
 
-            datasets = [d.name for d in load_manifest(self.manifest, check_sources=False)]
-            drop_in_manifest = [d.name for d in load_manifest(self.manifest, check_sources=False) if d.drop]
-        else:
-            drop_in_manifest = []
-        drop = sorted({*(d for d in str(self.drop).split(",") if d), *drop_in_manifest})
+            specs = load_manifest(self.manifest, check_sources=False)
+            datasets = [d.name for d in specs]
+            drop |= {d.name for d in specs if d.drop}
         cfg = MergeConfig(prepared=self.prepared, out=self.out, max_seq_len=int(self.max_seq_len),
-                          seed=int(self.seed), drop=tuple(drop), export_jsonl=self.export_jsonl,
-                          datasets=tuple(datasets) if datasets else None)
+                          seed=int(self.seed), drop=tuple(sorted(drop)), export_jsonl=self.export_jsonl,
+                          datasets=tuple(datasets))
         return self.summary(merge(cfg))
 
 
@@ -166,12 +165,14 @@ class VerifyOperator(Eagle3Operator):
 
     def execute(self, context):
         from eagle3.errors import GateFailed
-        from eagle3.verify import run_verify
+        from eagle3.verify import VerifyConfig, verify
 
         self.stage_env()
+        # The compact storage keeps ~half the bytes of bf16 aux+last (see docs/extract.md).
+        bytes_per_value = 2 if self.storage_option == "bf16" else 1
         try:
-            result = run_verify(merged=self.merged, model=self.model, destination=self.store,
-                                storage_option=self.storage_option)
+            result = verify(VerifyConfig(merged=self.merged, model=self.model, store=self.store,
+                                         bytes_per_value=bytes_per_value))
         except GateFailed as e:
             raise AirflowFailException(f"verify gate failed: {e}") from e
         return self.summary(result)
@@ -206,17 +207,24 @@ class ExtractOperator(_SubprocessStage):
         self.layers, self.storage_option, self.token_budget, self.device = layers, storage_option, token_budget, device
 
     def argv(self, context) -> list[str]:
+        import tempfile
+
+        self._summary_path = tempfile.mktemp(prefix="eagle3-extract-", suffix=".json")
         args = ["extract", "--merged", self.merged, "--model", self.model, "--out", self.out,
                 "--shard", self.shard, "--storage", self.storage_option, "--token-budget", str(self.token_budget),
-                "--device", self.device]
+                "--device", self.device, "--summary-json", self._summary_path]
         if self.layers:
             args += ["--layers", self.layers]
         return eagle3_cli(*args)
 
     def result(self, context):
-        from eagle3.extract.stage import read_task_summary
+        import json
+        import os
 
-        return read_task_summary(self.out, self.shard)
+        with open(self._summary_path) as f:
+            summary = json.load(f)
+        os.unlink(self._summary_path)
+        return summary
 
 
 class TrainOperator(_SubprocessStage):
@@ -226,7 +234,7 @@ class TrainOperator(_SubprocessStage):
                        "token_budget", "max_steps", "seed", "layers", "storage_option")
 
     def __init__(self, *, store: str, merged: str, vocab: str, out: str, model: str, ttt_length: int | str = 7,
-                 epochs: float | str = 1, lr: float | str = 3e-4, token_budget: int | str = 8192,
+                 epochs: int | str = 1, lr: float | str = 3e-4, token_budget: int | str = 8192,
                  max_steps: int | str = 0, seed: int | str = 42, layers: str = "", storage_option: str = "bf16",
                  nproc: int = 1, **kwargs):
         super().__init__(**kwargs)
@@ -236,20 +244,25 @@ class TrainOperator(_SubprocessStage):
         self.nproc = nproc
 
     def argv(self, context) -> list[str]:
-        args = ["train", "--store", self.store, "--merged", self.merged, "--vocab", self.vocab,
+        # Train on exactly the store folder extraction filled for this run (a root may hold
+        # stores of other models, layers or storage options).
+        extracted = [s for s in context["ti"].xcom_pull(task_ids="extract") or [] if s]
+        store = extracted[0]["store"] if extracted else self.store
+        args = ["train", "--store", store, "--merged", self.merged, "--vocab", self.vocab,
                 "--out", self.out, "--target", self.model, "--ttt-length", str(self.ttt_length),
                 "--epochs", str(self.epochs), "--lr", str(self.lr), "--token-budget", str(self.token_budget),
-                "--seed", str(self.seed), "--storage", self.storage_option]
+                "--seed", str(self.seed)]
         if int(self.max_steps):
             args += ["--max-steps", str(self.max_steps)]
-        if self.layers:
-            args += ["--layers", self.layers]
         return torchrun_cli(self.nproc, *args)
 
     def result(self, context):
-        from eagle3.train.checkpoint import read_train_summary
+        from eagle3 import storage
 
-        return read_train_summary(self.out)
+        latest = storage.read_json(storage.join(self.out, "latest.json"))
+        state = storage.read_json(storage.join(self.out, latest["dir"], "train_state.json"))
+        return {"checkpoint": storage.join(self.out, latest["dir"]), "step": latest["step"],
+                **{k: state.get(k) for k in ("micro_batch", "token_budget", "grad_accum", "epoch")}}
 
 
 class ExportOperator(Eagle3Operator):
@@ -320,7 +333,8 @@ class PublishOperator(Eagle3Operator):
 
 
 class ReportOperator(Eagle3Operator):
-    """Write the run's report (report.json, PNG plots, report.html) for the UI page."""
+    """Write the run's report (report.json, PNG plots, report.html), what was reused,
+    and run_summary.json, which the UI page reads."""
 
     template_fields = ("run_dir", "prepared")
 
@@ -329,7 +343,27 @@ class ReportOperator(Eagle3Operator):
         self.run_dir, self.prepared = run_dir, prepared
 
     def execute(self, context):
+        from eagle3 import storage
         from eagle3.evaluate.report import write_run_report
 
         self.stage_env()
-        return self.summary(write_run_report(run_dir=self.run_dir, prepared=self.prepared))
+        ti = context["ti"]
+        summaries = {tid: ti.xcom_pull(task_ids=tid) for tid in
+                     ("stats", "merge", "verify", "vocab", "train", "export", "evaluate", "publish")}
+        tokenized = [s for s in ti.xcom_pull(task_ids="tokenize") or [] if s]
+        extracted = [s for s in ti.xcom_pull(task_ids="extract") or [] if s]
+        reuse = {
+            "tokenize": {s["dataset"]: "reused" if s.get("reused") else "tokenized" for s in tokenized},
+            "extracted_samples": sum(s.get("samples_extracted", 0) for s in extracted),
+            "reused_samples": sum(s.get("samples_skipped", 0) for s in extracted),
+            "extracted_tokens": sum(s.get("tokens", 0) for s in extracted),
+        }
+        storage.write_json(storage.join(self.run_dir, "report", "reuse.json"), reuse)
+        report = write_run_report(run_dir=self.run_dir, prepared=self.prepared)
+        storage.write_json(storage.join(self.run_dir, "run_summary.json"), self.summary({
+            "dag_id": context["dag"].dag_id, "run_id": context["run_id"],
+            "report_dir": report["out"], "paths": {"prepared": self.prepared, "report": report["out"]},
+            "summaries": {**summaries, "tokenize": tokenized, "extract": extracted}, "reused": reuse,
+        }))
+        self.log.info("report: %s; reused: %s", report["out"], reuse)
+        return self.summary({**report, "reuse": reuse})
