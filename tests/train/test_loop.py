@@ -75,3 +75,37 @@ def test_missing_store_and_wrong_vocab_are_input_errors(tiny_store, tmp_path):
         train(cfg_for(tiny_store, tmp_path / "b", vocab=str(bad)))
     with pytest.raises(InputError, match="no vocab map"):
         train(cfg_for(tiny_store, tmp_path / "c", vocab=str(tmp_path / "missing")))
+
+
+def test_resume_keeps_the_checkpoints_vocab_map(tiny_store, tmp_path, caplog):
+    """A draft continued from a checkpoint keeps that checkpoint's d2t, even if --vocab now says otherwise."""
+    from safetensors.torch import load_file, save_file
+
+    torch.set_num_threads(1)
+    out = tmp_path / "ckpt"
+    train(cfg_for(tiny_store, out, max_steps=2))
+    original = checkpoint.load_latest(str(out)).model["d2t"]
+    vocab = load_file(f"{tiny_store['vocab']}/vocab.safetensors")
+    other = tmp_path / "other-vocab"
+    other.mkdir()
+    ids = torch.arange(64) + 2000  # another draft vocab of the same size
+    t2d = torch.zeros_like(vocab["t2d"])
+    t2d[ids] = True
+    save_file({"d2t": ids - torch.arange(64), "t2d": t2d}, str(other / "vocab.safetensors"))
+    with caplog.at_level("WARNING"):
+        summary = train(cfg_for(tiny_store, out, max_steps=3, vocab=str(other)))
+    assert summary["steps"] == 3
+    assert torch.equal(checkpoint.load_latest(str(out)).model["d2t"], original)
+    assert "keeping the checkpoint's d2t" in caplog.text
+
+
+def test_checkpoints_and_metrics_on_s3(tiny_store, s3_bucket):
+    from eagle3 import storage
+
+    torch.set_num_threads(1)
+    out = f"{s3_bucket}/ckpt"
+    summary = train(cfg_for(tiny_store, out, max_steps=3, save_every=1))
+    assert summary["checkpoint"] == f"{out}/{checkpoint.step_dir_name(3)}"
+    assert checkpoint.list_steps(out) == [2, 3]
+    assert [r["step"] for r in read_metrics(f"{out}/metrics.jsonl", "train")] == [1, 2, 3]
+    assert storage.read_json(f"{out}/latest.json")["step"] == 3
