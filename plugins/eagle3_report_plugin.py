@@ -11,19 +11,40 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
+from typing import Any
+
 from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
-
-from eagle3_report.app import app
 
 URL_PREFIX = "/eagle3"
 # When the api-server is served below a sub-path ([api] base_url), the iframe URL must carry it.
 _BASE_PATH = urlparse(conf.get("api", "base_url", fallback="") or "").path.rstrip("/")
 
 
+class ReportApp:
+    """ASGI app that builds the report's FastAPI app on its first request.
+
+    Every Airflow process loads the plugins (the task runner does, for each task), but only the api-server serves
+    requests; importing FastAPI costs about 1 s on a busy 2-core machine, so the other processes skip it.
+    """
+
+    _app: Any = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.app()(scope, receive, send)
+
+    @classmethod
+    def app(cls):
+        if cls._app is None:
+            from eagle3_report.app import app
+
+            cls._app = app
+        return cls._app
+
+
 class Eagle3ReportPlugin(AirflowPlugin):
     name = "eagle3_report"
-    fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "EAGLE-3 report"}]
+    fastapi_apps = [{"app": ReportApp(), "url_prefix": URL_PREFIX, "name": "EAGLE-3 report"}]
     external_views = [{
         "name": "EAGLE-3 report",
         "href": f"{_BASE_PATH}{URL_PREFIX}/runs/{{DAG_ID}}/{{RUN_ID}}",

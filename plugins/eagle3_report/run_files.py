@@ -27,6 +27,13 @@ from eagle3 import storage
 
 log = logging.getLogger(__name__)
 
+try:  # an S3 error (access denied, no such bucket) must not take the page down: the section shows as missing
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    _READ_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, BotoCoreError, ClientError)
+except ImportError:  # local artifacts only
+    _READ_ERRORS = (OSError, ValueError)
+
 ARTIFACTS_ENV = "EAGLE3_ARTIFACTS"
 # Stage output folders under the run folder when run_summary.json does not name them
 # (the layout of dags/eagle3_train.py).
@@ -67,7 +74,7 @@ def _read_json(uri: str) -> Any | None:
         if not storage.exists(uri):
             return None
         return storage.read_json(uri)
-    except (OSError, ValueError) as e:
+    except _READ_ERRORS as e:
         log.warning("could not read %s: %s", uri, e)
         return None
 
@@ -77,7 +84,7 @@ def _list(folder: str | None) -> list[str]:
         return []
     try:
         return storage.list_files(folder)
-    except (OSError, ValueError) as e:
+    except _READ_ERRORS as e:
         log.warning("could not list %s: %s", folder, e)
         return []
 
@@ -193,7 +200,7 @@ def read_training(paths: dict[str, str]) -> dict | None:
     try:
         if storage.exists(metrics):
             events = [json.loads(line) for line in storage.read_text(metrics).splitlines() if line.strip()]
-    except (OSError, ValueError) as e:
+    except _READ_ERRORS as e:
         log.warning("could not read %s: %s", metrics, e)
     latest = _read_json(storage.join(ckpt, "latest.json"))
     if not events and latest is None:
@@ -271,7 +278,7 @@ def load_run(dag_id: str, run_id: str, root: str | None = None) -> dict:
     files = served_files(paths)
     return {
         "dag_id": dag_id, "run_id": run_id, "run_dir": run,
-        "found": bool(summary) or bool(files) or storage.exists(run),
+        "found": bool(summary) or bool(files) or bool(_list(run)),
         "has_summary": bool(summary), "paths": paths,
         "datasets": datasets,
         "verify": _read_json(storage.join(paths["merged"], "verify.json")) if paths.get("merged") else None,

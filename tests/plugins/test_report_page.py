@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from fastapi.testclient import TestClient
@@ -10,7 +13,7 @@ from fastapi.testclient import TestClient
 from eagle3_report import app as report_app
 from eagle3_report import page, run_files
 
-from report_run_folder import DAG_ID, RUN_ID, write_run
+from report_run_folder import DAG_ID, PLUGINS, RUN_ID, write_run
 
 
 @pytest.fixture
@@ -91,6 +94,13 @@ class TestLoadRun:
         assert storage.read_bytes(uri)[:8] == b"\x89PNG\r\n\x1a\n" and media == "image/png"
 
 
+    def test_unreachable_bucket_degrades_to_placeholders(self, s3_endpoint):
+        """An S3 error (here: no such bucket) is logged and the sections show as missing, not a 500."""
+        loaded = run_files.load_run(DAG_ID, RUN_ID, root="s3://no-such-bucket-eagle3/artifacts")
+        assert not loaded["found"] and loaded["verify"] is None and loaded["plots"] == []
+        assert "not yet available" in page.render(loaded, base_url="/eagle3")
+
+
 class TestPage:
     def test_renders_sections_and_flags(self, client):
         r = client.get(f"/runs/{DAG_ID}/{RUN_ID}")
@@ -148,11 +158,19 @@ def test_no_token_is_refused(artifacts, monkeypatch):
     assert client.get(f"/runs/{DAG_ID}/{RUN_ID}/files/report/training_curves.png").status_code == 401
 
 
+def test_plugin_module_does_not_import_fastapi():
+    """Every Airflow process (each task run) loads plugins; the app is only built on the first request."""
+    code = "import sys; import eagle3_report_plugin; print('fastapi' in sys.modules, 'eagle3_report.app' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(PLUGINS)},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]
+
+
 def test_plugin_declares_app_and_dag_run_view():
     import eagle3_report_plugin as plugin
 
     (spec,) = plugin.Eagle3ReportPlugin.fastapi_apps
-    assert spec["app"] is report_app.app and spec["url_prefix"] == "/eagle3"
+    assert spec["app"].app() is report_app.app and spec["url_prefix"] == "/eagle3"
     (view,) = plugin.Eagle3ReportPlugin.external_views
     assert view["destination"] == "dag_run" and view["url_route"] == "eagle3-report"
     assert view["href"].endswith("/eagle3/runs/{DAG_ID}/{RUN_ID}")
