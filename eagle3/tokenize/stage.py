@@ -288,6 +288,10 @@ def tokenize_dataset(cfg: TokenizeConfig) -> dict[str, Any]:
         if old.get("fingerprint") == fingerprint and storage.exists(stats_uri):
             stats = {**storage.read_json(stats_uri), "reused": True,
                      "seconds": round(time.monotonic() - start, 3)}
+            if stats.get("reject_share", 0.0) > cfg.max_reject_share:  # the threshold is not in the fingerprint
+                raise InputError(f"dataset {cfg.name!r}: {stats['reject_share']:.1%} of records were refused, above "
+                                 f"max_reject_share {cfg.max_reject_share:.1%}; see "
+                                 f"{storage.join(out_dir, 'rejects.jsonl')}", file=cfg.source)
             storage.write_json(stats_uri, stats)
             log.info("tokenize %s: unchanged (fingerprint %s), reusing %s", cfg.name, fingerprint[:12], out_dir)
             return _summary(stats, out_dir)

@@ -101,6 +101,8 @@ def test_reject_share_above_threshold_fails_with_reasons(tmp_path, chatml_dir):
     assert len((out / "rejects.jsonl").read_text().splitlines()) == 3
     assert not (out / "tokenized.parquet").exists() and not (out / "fingerprint.json").exists()
     assert tokenize_dataset(config(tmp_path, src, chatml_dir, max_reject_share=0.3))["samples"] == 8
+    with pytest.raises(InputError, match="27.3% of records were refused"):  # reused, but the threshold still holds
+        tokenize_dataset(config(tmp_path, src, chatml_dir, max_reject_share=0.2))
 
 
 def test_tokenized_format_passes_through(tmp_path, chatml_dir):
