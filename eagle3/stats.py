@@ -95,7 +95,8 @@ def compute_stats(prepared: str, max_seq_len: int = 8192, hidden_size: int = DEF
         "extract_bytes": int(r.extract_bytes), "extract_hours": float(r.extract_hours),
         "message": (f"{r.dataset}: {r.sample_share:.1%} of samples but {r.token_share:.1%} of tokens "
                     f"({r.token_share / r.sample_share:.1f}x); it adds {_fmt_bytes(r.extract_bytes)} and "
-                    f"{fmt_duration(r.extract_hours * 3600)} of extraction (H={hidden_size}, {tokens_per_s:,.0f} tok/s). "
+                    f"{fmt_duration(r.extract_hours * 3600)} of extraction "
+                    f"(H={hidden_size}, {tokens_per_s:,.0f} tok/s). "
                     "Consider max_samples, a lower max_seq_len or dropping it."),
     } for r in df[df["flagged"]].itertuples()]
     result = {
@@ -132,7 +133,8 @@ def format_table(result: dict[str, Any]) -> str:
     t = result["totals"]
     lines = [view.to_string(index=False),
              f"total: {t['samples']} samples, {t['tokens']} tokens, {t['loss_tokens']} loss tokens; extraction "
-             f"~{_fmt_bytes(t['extract_bytes'])}, ~{fmt_duration(t['extract_hours'] * 3600)} at {result['tokens_per_s']:,.0f} tok/s "
+             f"~{_fmt_bytes(t['extract_bytes'])}, ~{fmt_duration(t['extract_hours'] * 3600)} "
+             f"at {result['tokens_per_s']:,.0f} tok/s "
              f"(H={result['hidden_size']}, {result['bytes_per_token']} B/token, max_seq_len {result['max_seq_len']})"]
     lines += [f"FLAG {f['message']}" for f in result["flags"]]
     return "\n".join(lines)
@@ -175,7 +177,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--hidden-size", type=int, metavar="H",
                       help=f"target hidden size for the extraction cost (default {DEFAULT_HIDDEN_SIZE})")
     size.add_argument("--model", metavar="T", help="read the hidden size from this model's config.json instead")
-    parser.add_argument("--out", metavar="DIR", help="also write stats_table.json/.txt here (e.g. the run's stats folder)")
+    parser.add_argument("--out", metavar="DIR",
+                        help="also write stats_table.json/.txt here (e.g. the run's stats folder)")
     parser.add_argument("--tokens-per-s", type=float, default=DEFAULT_TOKENS_PER_S, metavar="F",
                         help=f"assumed extraction speed for the hours estimate (default {DEFAULT_TOKENS_PER_S:,.0f})")
 

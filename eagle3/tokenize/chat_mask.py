@@ -130,9 +130,11 @@ def probe_template(render: Callable[..., str], specials: list[str]) -> TemplateI
 def _tools_block(tools: list[dict]) -> str:
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
     return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n"
-            f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{lines}\n</tools>\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{lines}\n</tools>\n\n"
             "For each function call, return a json object with function name and arguments within "
-            "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
+            "<tool_call></tool_call> XML tags:\n"
+            "<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
             "\n</tool_call>")
 
 

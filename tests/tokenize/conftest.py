@@ -23,7 +23,7 @@ def chatml_dir(smollm2_dir, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def make_tokenizer_dir(chatml_dir, tmp_path_factory):
-    """make(name, template, special=[...], added=[...], bos_token=..., eos_token=...) -> a tokenizer dir with that template."""
+    """make(name, template, special=[...], added=[...], bos_token=..., eos_token=...) -> tokenizer dir."""
     from transformers import AutoTokenizer
 
     def make(name: str, template: str, special=(), added=(), **token_map: str) -> str:

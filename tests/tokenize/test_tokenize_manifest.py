@@ -22,7 +22,8 @@ def _write(tmp_path, text: str, data: dict[str, str] | None = None) -> str:
 
 def test_relative_sources_resolve_against_manifest_folder(tmp_path, monkeypatch):
     path = _write(tmp_path, "datasets:\n  - {name: a, source: data/a.jsonl, format: messages, max_samples: 5,"
-                            " category: math, drop: true}\n  - {name: b, source: s3://bk/x/b.parquet, format: tokenized}\n",
+                            " category: math, drop: true}\n"
+                            "  - {name: b, source: s3://bk/x/b.parquet, format: tokenized}\n",
                   {"data/a.jsonl": "{}\n"})
     monkeypatch.chdir("/")
     specs = load_manifest(path)
