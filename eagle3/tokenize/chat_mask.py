@@ -52,6 +52,9 @@ class TemplateInfo:
     renders_tool_calls: bool
     renders_reasoning: bool
     renders_tool_role: bool
+    turn_start: str = ""
+    """The special token a header starts with (``<|im_start|>``), or "" (plain-word headers).
+    An assistant span never contains it: if it does, the turn ended some other way."""
 
 
 class TemplateError(Exception):
@@ -118,6 +121,7 @@ def probe_template(render: Callable[..., str], specials: list[str]) -> TemplateI
     return TemplateInfo(
         assistant_header=header,
         end_of_turn=eot,
+        turn_start=next((t for t in specials if header.startswith(t)), ""),
         renders_tools=renders([_user(u1), _assistant(a1)], [tool], f"{_S}tooldesc"),
         renders_tool_calls=renders([_user(u1), _assistant("", tool_calls=[call])], None, f"{_S}arg"),
         renders_reasoning=renders([_user(u1), _assistant(a1, reasoning_content=f"{_S}think")], None, f"{_S}think"),
@@ -195,6 +199,9 @@ def assistant_spans(text: str, messages: list[dict], info: TemplateInfo) -> list
         if end < 0:
             raise TemplateError(f"end-of-turn {eot!r} not found after char {after}")
         cursor = end + len(eot)
+        if info.turn_start and info.turn_start in text[start:cursor]:
+            raise TemplateError(f"an assistant turn has no {eot!r} before the next {info.turn_start!r} "
+                                "(does the template end some turns differently?)")
         spans.append((start, cursor))
     return spans
 

@@ -15,7 +15,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from eagle3.errors import InputError
-from eagle3.tokenize.chat_mask import ChatMasker, _tools_block
+from eagle3.tokenize.chat_mask import ChatMasker, TemplateError, _tools_block
 from eagle3.tokenize.readers import parse_conversation
 import tokenize_templates as templates  # tests/tokenize/ is on sys.path (pytest rootdir-less layout)
 
@@ -168,3 +168,16 @@ def test_template_without_generation_prompt_is_refused(make_tokenizer_dir):
     tok_dir = make_tokenizer_dir("noprompt", no_prompt)
     with pytest.raises(InputError, match="no generation prompt"):
         ChatMasker(AutoTokenizer.from_pretrained(tok_dir))
+
+
+def test_turn_without_the_usual_end_is_refused_not_mismasked(make_tokenizer_dir):
+    # Like Llama-3.1: a tool-call turn ends with <|eom_id|>, not <|eot_id|>.
+    eom = templates.LLAMA3.replace("{%- endfor %}{{- '<|eot_id|>' }}", "{%- endfor %}{{- '<|eom_id|>' }}")
+    tok_dir = make_tokenizer_dir("llama3eom", eom, special=[*templates.LLAMA3_SPECIAL, "<|eom_id|>"],
+                                 bos_token="<|begin_of_text|>")
+    masker = ChatMasker(AutoTokenizer.from_pretrained(tok_dir))
+    assert masker.info.turn_start == "<|start_header_id|>"
+    record = tool_conversation()
+    del record["tools"]
+    with pytest.raises(TemplateError, match="no '<\\|eot_id\\|>' before the next"):
+        masker.render(parse_conversation(record, "messages", 1))
