@@ -11,6 +11,7 @@ runs). Missing token → 401, invalid → 403, no access → 403.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -20,6 +21,8 @@ from starlette.concurrency import run_in_threadpool
 from eagle3 import storage
 
 from . import page, run_files
+
+log = logging.getLogger(__name__)
 
 
 def _token(request: Request) -> str | None:
@@ -48,9 +51,30 @@ app = FastAPI(title="EAGLE-3 report", dependencies=[Depends(authorized)], docs_u
               openapi_url=None)
 
 
+def run_storage_root(dag_id: str, run_id: str) -> str | None:
+    """The run's `storage_root` param, when it was triggered with one (conf); None means the default root.
+
+    A run triggered with another storage root (say an s3:// prefix) keeps its artifacts there, so the page
+    looks where that run wrote. Read from the api-server's metadata DB.
+    """
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        with create_session() as session:
+            conf = session.scalar(select(DagRun.conf).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    except SQLAlchemyError as e:
+        log.warning("could not read the conf of %s/%s: %s", dag_id, run_id, e)
+        return None
+    root = (conf or {}).get("storage_root") if isinstance(conf, dict) else None
+    return root if isinstance(root, str) and root else None
+
+
 def _load(dag_id: str, run_id: str) -> dict:
     try:
-        return run_files.load_run(dag_id, run_id)
+        return run_files.load_run(dag_id, run_id, root=run_storage_root(dag_id, run_id))
     except ValueError as e:
         raise HTTPException(status_code=400, detail=str(e)) from e
 
@@ -72,7 +96,8 @@ def report_data(dag_id: str, run_id: str) -> JSONResponse:
 def report_file(dag_id: str, run_id: str, folder: str, name: str) -> Response:
     """A plot or report file of the run (only flat .png/.html/.json files of the served folders)."""
     try:
-        uri, media_type = run_files.file_uri(dag_id, run_id, folder, name)
+        run_files.check_id("run_id", run_id)
+        uri, media_type = run_files.file_uri(dag_id, run_id, folder, name, root=run_storage_root(dag_id, run_id))
     except ValueError as e:
         raise HTTPException(status_code=400, detail=str(e)) from e
     except FileNotFoundError as e:

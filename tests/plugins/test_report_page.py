@@ -21,6 +21,7 @@ def client(artifacts, monkeypatch):
     """The app with auth bypassed (auth is tested on its own below and through the real api-server)."""
     monkeypatch.setenv(run_files.ARTIFACTS_ENV, str(artifacts))
     report_app.app.dependency_overrides[report_app.authorized] = lambda: "tester"
+    monkeypatch.setattr(report_app, "run_storage_root", lambda dag_id, run_id: None)  # no metadata DB here
     yield TestClient(report_app.app)
     report_app.app.dependency_overrides.clear()
 

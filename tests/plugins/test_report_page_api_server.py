@@ -28,6 +28,7 @@ AIRFLOW = str(Path(sys.executable).parent / "airflow")
 ARTIFACTS_DIR = REPO / "test-artifacts"  # gitignored; CI keeps it
 ENCODED_RUN_ID = RUN_ID.replace(":", "%3A").replace("+", "%2B")  # as the UI's encodeURIComponent writes it
 PAGE = f"/eagle3/runs/{DAG_ID}/{ENCODED_RUN_ID}"
+OTHER_RUN_ID = "manual__other_root"
 STAND_IN_DAG = """
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import dag
@@ -72,7 +73,11 @@ def api_server(tmp_path_factory):
         "EAGLE3_ARTIFACTS": str(artifacts),
         "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
-    for args in (["db", "migrate"], ["dags", "reserialize"], ["dags", "trigger", DAG_ID, "--run-id", RUN_ID]):
+    # A second run triggered with its own storage_root (conf), as a user may from the Params form.
+    write_run(home / "elsewhere", run_id=OTHER_RUN_ID)
+    other_conf = json.dumps({"storage_root": str(home / "elsewhere")})
+    for args in (["db", "migrate"], ["dags", "reserialize"], ["dags", "trigger", DAG_ID, "--run-id", RUN_ID],
+                 ["dags", "trigger", DAG_ID, "--run-id", OTHER_RUN_ID, "--conf", other_conf]):
         done = subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"airflow {' '.join(args)}: " + done.stdout[-3000:] + done.stderr[-3000:]
     port = _free_port()
@@ -126,6 +131,18 @@ def test_page_with_bearer_token_and_ui_cookie(api_server):
     # The Airflow UI's iframe authenticates with the `_token` cookie.
     by_cookie = httpx.get(base + PAGE, cookies={"_token": token}, timeout=60)
     assert by_cookie.status_code == 200 and "long_agent" in by_cookie.text
+
+
+def test_run_with_its_own_storage_root(api_server):
+    """The page looks under the storage_root the run was triggered with, not only EAGLE3_ARTIFACTS."""
+    base, token, _ = api_server
+    auth = {"Authorization": f"Bearer {token}"}
+    data = httpx.get(f"{base}/eagle3/runs/{DAG_ID}/{OTHER_RUN_ID}/data", headers=auth, timeout=60).json()
+    assert data["found"] and "/elsewhere/runs/" in data["run_dir"]
+    assert data["acceptance"]["tau"] == 2.61
+    png = httpx.get(f"{base}/eagle3/runs/{DAG_ID}/{OTHER_RUN_ID}/files/report/training_curves.png", headers=auth,
+                    timeout=30)
+    assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
 
 
 def test_plugin_is_registered_with_a_dag_run_view(api_server):
