@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", required=True, help="hidden-state store (folder or s3://)")
     p.add_argument("--vocab", required=True, help="vocab folder with vocab.safetensors (d2t, t2d)")
     p.add_argument("--out", required=True, help="checkpoint folder CKPT (resumed when it holds latest.json)")
+    p.add_argument("--merged", default=None,
+                   help="merged dataset folder: train only on its samples (the store may hold other runs' too)")
     p.add_argument("--target", default=None, help="target model dir/alias (default: store.json model_name)")
     p.add_argument("--max-steps", type=int, default=d.max_steps, help="stop after N optimizer steps (0: all epochs)")
     p.add_argument("--epochs", type=int, default=d.epochs)
@@ -43,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace):
     from eagle3.train.config import TrainConfig
 
-    keys = ("store", "vocab", "out", "target", "max_steps", "epochs", "ttt_length", "lr", "token_budget",
+    keys = ("store", "vocab", "out", "merged", "target", "max_steps", "epochs", "ttt_length", "lr", "token_budget",
             "grad_accum", "init", "eval_every", "log_every", "save_every", "heldout_share", "seed", "device")
     return TrainConfig(**{k: getattr(args, k) for k in keys})
 

@@ -11,7 +11,7 @@ INIT_CHOICES = ("target", "random")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run. A resumed run takes micro_batch_tokens/grad_accum from the checkpoint."""
+    """One training run. A resumed run takes micro_batch/grad_accum from the checkpoint."""
 
     store: str
     """Hidden-state store (the key folder or a root holding exactly one); local or s3://."""
@@ -19,6 +19,8 @@ class TrainConfig:
     """Vocab folder with vocab.safetensors (d2t [Vd], t2d [V]) and vocab.json."""
     out: str
     """Checkpoint folder CKPT (step-<n>/, latest.json, metrics.jsonl); local or s3://."""
+    merged: str | None = None
+    """Merged dataset folder (train.parquet): train on exactly its sample ids (the store may hold more)."""
     target: str | None = None
     """Target model (dir, s3 prefix or alias) for the frozen embedding and lm_head; default: store.json model_name."""
     max_steps: int = 0

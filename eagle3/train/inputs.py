@@ -106,8 +106,25 @@ def load_inputs(cfg: TrainConfig) -> TrainInputs:
         raise InputError(f"store hidden_size {store.hidden_size} != target hidden_size {dcfg.hidden_size}",
                          file=storage.join(store.uri, "store.json"))
     ids = store.sample_ids()
+    if cfg.merged:
+        ids = _merged_ids(cfg.merged, store)
     if not ids:
         raise InputError(f"the store {store.uri} holds no samples; run `eagle3 extract` first")
     lengths = {sid: store.num_tokens(sid) for sid in ids}
     train_ids, heldout = data.heldout_split(ids, cfg.heldout_share)
     return TrainInputs(cfg, store, target_dir, dcfg, d2t, t2d, lengths, train_ids, heldout)
+
+
+def _merged_ids(merged: str, store) -> list[str]:
+    """The sample ids of MERGED/train.parquet, all of which the store must hold."""
+    import pyarrow.parquet as pq
+
+    path = storage.join(merged, "train.parquet")
+    if not storage.exists(path):
+        raise InputError(f"no merged dataset at {path}; run `eagle3 merge --out {merged}` first")
+    ids = [str(x) for x in pq.read_table(storage.local_path(path), columns=["id"]).column("id").to_pylist()]
+    missing = [sid for sid in ids if sid not in store]
+    if missing:
+        raise InputError(f"{len(missing)} of {len(ids)} samples of {path} are not in the store {store.uri} "
+                         f"(first: {missing[0]}); run `eagle3 extract --merged {merged}` to add them")
+    return ids

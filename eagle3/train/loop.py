@@ -55,7 +55,7 @@ class Trainer:
             st = self.ckpt.state
             self.model = inputs.draft_from_checkpoint(self.ckpt).to(self.device)
             self.step, self.pos = self.ckpt.step, data.Position(**st["position"])
-            self.micro, self.accum, self.global_tokens = st["micro_batch_tokens"], st["grad_accum"], st["global_tokens"]
+            self.micro, self.accum, self.global_tokens = st["micro_batch"], st["grad_accum"], st["global_tokens"]
             if (self.micro, self.accum) != (cfg.token_budget, cfg.grad_accum):
                 log.info("resuming with the checkpoint's micro-batch %d tokens x grad_accum %d "
                          "(not --token-budget %d --grad-accum %d)", self.micro, self.accum,
@@ -137,7 +137,10 @@ class Trainer:
         if self.dist.is_main:
             tensors, opt_meta = checkpoint.optimizer_tensors(self.opt, self.names)
             state = {
-                "position": self.pos.to_dict(), "micro_batch_tokens": self.micro, "grad_accum": self.accum,
+                # micro_batch (padded tokens per micro-batch; token_budget is the same number under the
+                # CLI's name) and grad_accum are what the OOM path adapts; the DAG reads them back.
+                "position": self.pos.to_dict(), "epoch": self.pos.epoch, "micro_batch": self.micro,
+                "token_budget": self.micro, "grad_accum": self.accum,
                 "global_tokens": self.global_tokens, "world_size": self.dist.world, "optimizer": opt_meta,
                 "rng": checkpoint.rng_state(), "total_steps": self.total_steps,
                 "lr": lr_at(max(self.step - 1, 0), self.total_steps, self.cfg),
@@ -224,7 +227,7 @@ class Trainer:
                 m = self._metrics(sums, loss=float(sums[0]))
                 m.update(event="train", step=self.step, epoch=self.pos.epoch, lr=lr, grad_norm=grad_norm,
                          tokens=tokens, tokens_per_s=run_tokens / max(time.monotonic() - t0, 1e-9),
-                         micro_batch_tokens=self.micro, grad_accum=self.accum, world_size=dist.world)
+                         micro_batch=self.micro, grad_accum=self.accum, world_size=dist.world)
                 self.metrics.write(m)
                 log.info("step %d/%d loss %.4f acc_0 %.3f lr %.2e | %s", self.step, self.total_steps, m["loss"],
                          m["acc_0"], lr, progress.line())
@@ -241,6 +244,6 @@ class Trainer:
             "tokens": run_tokens, "tokens_per_s": run_tokens / max(elapsed, 1e-9), "seconds": elapsed,
             "sim_accept_len": last_eval["sim_accept_len"] if last_eval else None,
             "heldout_acc": last_eval["acc_i"] if last_eval else None,
-            "micro_batch_tokens": self.micro, "grad_accum": self.accum, "world_size": dist.world,
+            "micro_batch": self.micro, "grad_accum": self.accum, "world_size": dist.world,
             "metrics": self.metrics.uri,
         }

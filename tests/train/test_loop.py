@@ -46,7 +46,7 @@ def test_train_learns_logs_every_ttt_step_and_evaluates(tiny_store, tmp_path):
     ck = checkpoint.load_latest(str(out))
     assert ck.step == 14 and "d2t" in ck.model and "embed_weight" not in ck.model
     assert checkpoint.list_steps(str(out)) == [7, 14]
-    assert ck.state["micro_batch_tokens"] == 2048 and ck.state["grad_accum"] == 1
+    assert ck.state["micro_batch"] == 2048 and ck.state["grad_accum"] == 1
     assert ck.state["position"] == {"epoch": 13, "index": 1}
 
 
@@ -109,3 +109,26 @@ def test_checkpoints_and_metrics_on_s3(tiny_store, s3_bucket):
     assert checkpoint.list_steps(out) == [2, 3]
     assert [r["step"] for r in read_metrics(f"{out}/metrics.jsonl", "train")] == [1, 2, 3]
     assert storage.read_json(f"{out}/latest.json")["step"] == 3
+
+
+def test_merged_restricts_training_to_its_samples(tiny_store, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eagle3.extract.store import HiddenStateStore
+
+    torch.set_num_threads(1)
+    ids = HiddenStateStore(tiny_store["store"]).sample_ids()[:20]
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    pq.write_table(pa.table({"id": ids}), merged / "train.parquet")
+    out = tmp_path / "ckpt"
+    train(cfg_for(tiny_store, out, merged=str(merged), token_budget=4096, epochs=1))
+    rows = read_metrics(str(out / "metrics.jsonl"))
+    train_tokens = sum(r["tokens"] for r in rows if r["event"] == "train")
+    store = HiddenStateStore(tiny_store["store"])
+    evals = [r for r in rows if r["event"] == "eval"]
+    assert train_tokens + evals[-1]["heldout_tokens"] == sum(store.num_tokens(s) for s in ids)
+    pq.write_table(pa.table({"id": ids + ["not-extracted"]}), merged / "train.parquet")
+    with pytest.raises(InputError, match="not in the store"):
+        train(cfg_for(tiny_store, tmp_path / "other", merged=str(merged)))

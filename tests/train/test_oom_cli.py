@@ -34,13 +34,13 @@ def test_oom_exits_75_then_resumes_with_half_micro_batch(tiny_store, tmp_path):
     assert first.returncode == GpuOutOfMemory.EXIT_CODE == 75, first.stderr[-3000:]
     assert "out of memory" in first.stderr
     saved = checkpoint.load_latest(str(out))
-    assert (saved.state["micro_batch_tokens"], saved.state["grad_accum"]) == (64, 2)
+    assert (saved.state["micro_batch"], saved.state["grad_accum"]) == (64, 2)
     assert saved.state["global_tokens"] == 128
 
     second = run_cli(_args(tiny_store, out, 128, 1), env)  # same command, as a retry would run it
     assert second.returncode == 0, second.stderr[-3000:]
     summary = json.loads(second.stdout[second.stdout.index("{"):])
-    assert (summary["micro_batch_tokens"], summary["grad_accum"], summary["steps"]) == (64, 2, STEPS)
+    assert (summary["micro_batch"], summary["grad_accum"], summary["steps"]) == (64, 2, STEPS)
 
     ref = tmp_path / "small"
     train(cfg_for(tiny_store, ref, token_budget=64, grad_accum=2, max_steps=STEPS))
