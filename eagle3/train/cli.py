@@ -4,14 +4,18 @@ Resumes from OUT/latest.json when it exists. Exit codes: 0 done, 2 bad input
 (never retry), 75 out of memory (state saved with half the micro-batch and
 twice the accumulation; re-run the same command to resume).
 
-Data-parallel: python -m torch.distributed.run --nproc_per_node N -m eagle3.train.cli --store ... --out ...
+Data-parallel: `eagle3 train --nproc N ...` launches torchrun itself and keeps the exit codes above (torchrun
+alone exits 1 whatever its workers' codes); `python -m torch.distributed.run --nproc_per_node N -m
+eagle3.train.cli ...` works too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 
 
@@ -40,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heldout-share", type=float, default=d.heldout_share)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
+    p.add_argument("--nproc", type=int, default=1,
+                   help="data-parallel processes on this machine (runs torchrun; one GPU each on CUDA)")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -50,13 +56,50 @@ def config_from_args(args: argparse.Namespace):
     return TrainConfig(**{k: getattr(args, k) for k in keys})
 
 
+STATUS_ENV = "EAGLE3_TRAIN_STATUS_DIR"  # where torchrun workers leave their error's exit code
+
+
 def run(args: argparse.Namespace) -> int:
+    from eagle3.errors import Eagle3Error
     from eagle3.train.loop import train
 
-    summary = train(config_from_args(args))
-    if int(__import__("os").environ.get("RANK", "0")) == 0:
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return launch(args)
+    cfg = config_from_args(args)
+    try:
+        summary = train(cfg)
+    except Eagle3Error as e:
+        if os.environ.get(STATUS_ENV):
+            code = getattr(e, "EXIT_CODE", 2)
+            Path(os.environ[STATUS_ENV], f"rank-{os.environ.get('RANK', '0')}.json").write_text(
+                json.dumps({"exit_code": code, "error": str(e)}))
+        raise
+    if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary, indent=1))
     return 0
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Run this command under torchrun with ``args.nproc`` workers; return 2/75 when a worker failed so."""
+    import subprocess
+    import tempfile
+
+    argv = []
+    for action_key, value in sorted(vars(args).items()):
+        if action_key.startswith("_") or action_key in ("nproc", "command", "verbose") or value is None:
+            continue
+        argv += [f"--{action_key.replace('_', '-')}", str(value)]
+    with tempfile.TemporaryDirectory(prefix="eagle3-train-status-") as status:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+               "-m", "eagle3.train.cli", *argv]
+        code = subprocess.run(cmd, env=dict(os.environ, **{STATUS_ENV: status})).returncode
+        codes = [json.loads(p.read_text())["exit_code"] for p in Path(status).glob("rank-*.json")]
+    if code == 0:
+        return 0
+    for wanted in (2, 75):  # bad input wins: retrying cannot fix it
+        if wanted in codes:
+            return wanted
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,3 +55,18 @@ def test_two_gloo_ranks_match_one_process(tiny_store, tmp_path):
     # the ranks split each batch: summed over ranks, the trained positions equal one process's, not twice
     one = read_metrics(str(ref / "metrics.jsonl"), "train")
     assert [r["tokens_0"] for r in rows] == [r["tokens_0"] for r in one]
+
+
+def test_nproc_launcher_keeps_exit_code_75_for_an_oom(tiny_store, tmp_path):
+    """`eagle3 train --nproc 2` runs torchrun and still exits 75 on an OOM (torchrun alone would exit 1)."""
+    from conftest import run_cli
+    from eagle3.train import checkpoint
+    from eagle3.train.oom import INJECT_ENV
+
+    out = tmp_path / "ddp-oom"
+    args = ["--store", tiny_store["store"], "--vocab", tiny_store["vocab"], "--out", str(out), "--ttt-length", "2",
+            "--token-budget", "128", "--max-steps", "2", "--init", "random", "--device", "cpu", "--nproc", "2"]
+    proc = run_cli(args, {INJECT_ENV: "64"}, timeout=600)
+    assert proc.returncode == 75, proc.stderr[-4000:]
+    state = checkpoint.load_latest(str(out)).state
+    assert (state["micro_batch"], state["grad_accum"], state["world_size"]) == (64, 2, 2)
