@@ -86,13 +86,12 @@ def _parse_line(line: bytes, key: bytes, dtype):
     a = line.index(b"[", line.index(key)) + 1
     b = line.index(b"]", a)
     body = line[a:b]
-    if dtype == np.uint8 and body:
-        raw = np.frombuffer(body, np.uint8)
-        step = 3 if len(raw) > 2 and raw[2] == 32 else 2  # ", " (json.dumps) or "," separators
-        if len(raw) % step == 1:
-            digits = raw[0::step] - np.uint8(48)
-            if (digits <= 1).all() and (raw[1::step] == 44).all() and (step == 2 or (raw[2::3] == 32).all()):
-                return digits
+    if dtype == np.uint8 and len(body) > 2:
+        step = 3 if body[2] == 32 else 2  # ", " (json.dumps) or "," separators
+        digits, seps = body[0::step], body[1::step]
+        if (len(body) % step == 1 and not digits.translate(None, b"01") and seps.count(b",") == len(seps)
+                and (step == 2 or body[2::3].count(b" ") == len(seps))):
+            return np.frombuffer(digits, np.uint8) - np.uint8(48)
     values = np.fromstring(body, dtype=dtype, sep=",") if body.strip() else np.zeros(0, dtype)
     if len(values) != body.count(b",") + (1 if body.strip() else 0):  # fromstring stops at garbage
         raise ValueError(f"not a flat list of integers after {key!r}")

@@ -72,9 +72,9 @@ class MergeConfig:
     """Also write train.jsonl in the seed format."""
     vocab_size: int | None = None
     """Target vocab size recorded for the vocab stage; default: taken from stats.json when present."""
-    batch_rows: int = 2048
+    batch_rows: int = 1024
     """Rows per streamed record batch."""
-    bucket_mb: float = 64
+    bucket_mb: float = 32
     """Size of one shuffle bucket held in memory at a time; bounds the peak memory."""
 
     def __post_init__(self):
@@ -330,7 +330,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datasets", default="", help="comma-separated dataset names to merge (default: all)")
     p.add_argument("--export-jsonl", action="store_true", help="also write train.jsonl in the seed format")
     p.add_argument("--vocab-size", type=int, default=None, help="target vocab size to record for `eagle3 vocab`")
-    p.add_argument("--bucket-mb", type=float, default=64, help="shuffle bucket size in MiB (bounds memory)")
+    p.add_argument("--bucket-mb", type=float, default=32, help="shuffle bucket size in MiB (bounds memory)")
 
 
 def run(args: argparse.Namespace) -> int:

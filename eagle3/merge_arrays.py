@@ -101,7 +101,9 @@ def read_batches(uri: str, batch_rows: int, columns=REQUIRED):
     """Record batches of a prepared tokenized.parquet, refusing files without the contract columns."""
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(storage.local_path(uri))
+    # pre_buffer=False: by default Arrow pre-buffers every selected column chunk of the whole
+    # file, so memory would grow with the file instead of staying one batch.
+    pf = pq.ParquetFile(storage.local_path(uri), pre_buffer=False)
     missing = [c for c in REQUIRED if c not in pf.schema_arrow.names]
     if missing:
         raise InputError(f"missing column(s) {missing} (has {pf.schema_arrow.names}); "

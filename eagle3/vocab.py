@@ -66,7 +66,7 @@ def token_counts(train_parquet: str, vocab_size: int) -> tuple[np.ndarray, np.nd
 
     loss = np.zeros(vocab_size, np.int64)
     every = np.zeros(vocab_size, np.int64)
-    pf = pq.ParquetFile(train_parquet)
+    pf = pq.ParquetFile(train_parquet, pre_buffer=False)  # stream: no whole-file read-ahead
     for batch in pf.iter_batches(batch_size=8192, columns=["input_ids", "loss_mask"]):
         io, ids = list_parts(batch.column("input_ids"), np.int64)
         mo, mask = list_parts(batch.column("loss_mask"), np.uint8)
