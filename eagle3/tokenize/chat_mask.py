@@ -29,6 +29,7 @@ the system prompt, and ``tool`` messages ``<tool_response>`` blocks in a user tu
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -234,7 +235,7 @@ def masks_from_spans(encodings, spans: list[list[tuple[int, int]]]) -> Batch:
     lengths = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
     offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int32, count=int(offsets[-1]))
+    ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32, count=int(offsets[-1]))
     starts, stops = [], []
     for k, (enc, sample_spans) in enumerate(zip(encodings, spans)):
         base = int(offsets[k])
