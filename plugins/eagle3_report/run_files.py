@@ -89,9 +89,12 @@ def _list(folder: str | None) -> list[str]:
         return []
 
 
-def resolve_paths(run: str, summary: dict) -> dict[str, str]:
-    """Stage name → folder: defaults under the run folder, overridden by run_summary.json."""
+def resolve_paths(run: str, summary: dict, root: str | None = None) -> dict[str, str]:
+    """Stage name → folder: defaults under the run folder (prepared/ and store/ under the storage root,
+    shared between runs), overridden by run_summary.json."""
     paths = {name: storage.join(run, sub) for name, sub in DEFAULT_SUBDIRS.items()}
+    if root:
+        paths.update(prepared=storage.join(root, "prepared"), store=storage.join(root, "store"))
     for key in ("paths", "outputs", "stages"):
         given = summary.get(key)
         if isinstance(given, dict):
@@ -113,10 +116,12 @@ def _rows(table: Any) -> list[dict] | None:
 
 def read_datasets(paths: dict[str, str], report: dict) -> dict | None:
     """Dataset stats rows and the flagged names, from report.json, the stats folder, or prepared/*/stats.json."""
-    sources: list[tuple[str, Any]] = [("report.json", report)]
+    # The stats stage's table first: it has the flags and extraction costs; report.json's rows are shorter.
+    sources: list[tuple[str, Any]] = []
     for name in _list(paths.get("stats")):
         if name.endswith(".json") and "/" not in name:
             sources.append((storage.join(paths["stats"], name), _read_json(storage.join(paths["stats"], name))))
+    sources.append(("report.json", report))
     for origin, doc in sources:
         if not isinstance(doc, dict):
             continue
@@ -184,10 +189,26 @@ def read_extraction(paths: dict[str, str], summaries: dict) -> dict | None:
     if isinstance(merged, dict) and isinstance(merged.get("totals"), dict):
         totals = merged["totals"]
         planned = totals.get("samples_out", totals.get("samples"))
-    summary = summaries.get("extract")
+    summary = _sum_mapped(summaries.get("extract"))
     if not stores and not summary:
         return None
     return {"stores": list(stores.values()), "planned_samples": planned, "summary": summary}
+
+
+def _sum_mapped(summary: Any) -> dict | None:
+    """A mapped task's summaries (one per shard) summed field by field; a single dict as it is."""
+    if isinstance(summary, dict):
+        return summary
+    if not isinstance(summary, list):
+        return None
+    total: dict[str, Any] = {"tasks": 0}
+    for item in summary:
+        if isinstance(item, dict):
+            total["tasks"] += 1
+            for k, v in item.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    total[k] = total.get(k, 0) + v
+    return total if total["tasks"] else None
 
 
 def read_training(paths: dict[str, str]) -> dict | None:
@@ -241,17 +262,33 @@ def _reused(summary: dict, report: dict, datasets: dict | None, extraction: dict
     for row in (datasets or {}).get("rows", []):
         if row.get("reused") is True:
             lines.append(f"dataset {row['dataset']}: tokenization reused (fingerprint unchanged)")
-    ext = (extraction or {}).get("summary") or {}
-    for key in ("skipped", "reused", "samples_skipped", "already_extracted"):
-        if isinstance(ext, dict) and ext.get(key):
-            lines.append(f"extraction: {key} = {ext[key]}")
-    for doc in (summary, report):
-        given = doc.get("reused")
+    recorded = [doc.get("reused") for doc in (summary, report) if doc.get("reused")]
+    for given in recorded:  # the DAG's own record (run_summary.json) says it best
         if isinstance(given, list):
             lines += [x if isinstance(x, str) else json.dumps(x) for x in given]
         elif isinstance(given, dict):
-            lines += [f"{k}: {v}" for k, v in given.items()]
+            lines += _reuse_lines(given)
+    ext = (extraction or {}).get("summary") or {}
+    if not recorded and isinstance(ext, dict):
+        lines += [f"extraction: {key} = {ext[key]}" for key in ("samples_skipped", "skipped", "reused") if ext.get(key)]
     return list(dict.fromkeys(lines))
+
+
+def _reuse_lines(reuse: dict) -> list[str]:
+    """The DAG's reuse record ({tokenize: {dataset: reused|tokenized}, reused_samples, extracted_samples, ...})."""
+    lines = []
+    for key, value in reuse.items():
+        if key == "tokenize" and isinstance(value, dict):
+            lines += [f"dataset {ds}: tokenization reused (fingerprint unchanged)"
+                      for ds, state in value.items() if state == "reused"]
+        elif key == "reused_samples":
+            lines.append(f"extraction: {value:,} samples already in the store, not extracted again"
+                         if isinstance(value, int) else f"extraction: reused {value}")
+        elif key in ("extracted_samples", "extracted_tokens"):
+            continue  # shown with the extraction, not reuse
+        else:
+            lines.append(f"{key}: {value if isinstance(value, str) else json.dumps(value)}")
+    return lines
 
 
 def served_files(paths: dict[str, str]) -> dict[str, list[str]]:
@@ -266,10 +303,18 @@ def served_files(paths: dict[str, str]) -> dict[str, list[str]]:
 
 def load_run(dag_id: str, run_id: str, root: str | None = None) -> dict:
     """Everything the page shows for one run; sections are None when their files do not exist yet."""
+    root = root or artifacts_root()
     run = run_dir(dag_id, run_id, root)
     summary = _read_json(storage.join(run, "run_summary.json"))
     summary = summary if isinstance(summary, dict) else {}
-    paths = resolve_paths(run, summary)
+    paths = resolve_paths(run, summary, root)
+    empty = {"dag_id": dag_id, "run_id": run_id, "run_dir": run, "found": False, "has_summary": False,
+             "paths": paths, "datasets": None, "verify": None, "extraction": None, "training": None,
+             "acceptance": None, "reused": [], "plots": [], "report_html": False, "report": {}}
+    # No run folder (another DAG, or a run that has not started): show nothing of the shared
+    # prepared/ and store/ folders, which would belong to other runs.
+    if not summary and not _list(run):
+        return empty
     report = _read_json(storage.join(paths["report"], "report.json"))
     report = report if isinstance(report, dict) else {}
     summaries = summary.get("summaries") if isinstance(summary.get("summaries"), dict) else {}
@@ -277,9 +322,7 @@ def load_run(dag_id: str, run_id: str, root: str | None = None) -> dict:
     extraction = read_extraction(paths, summaries)
     files = served_files(paths)
     return {
-        "dag_id": dag_id, "run_id": run_id, "run_dir": run,
-        "found": bool(summary) or bool(files) or bool(_list(run)),
-        "has_summary": bool(summary), "paths": paths,
+        **empty, "found": True, "has_summary": bool(summary),
         "datasets": datasets,
         "verify": _read_json(storage.join(paths["merged"], "verify.json")) if paths.get("merged") else None,
         "extraction": extraction,
@@ -299,9 +342,10 @@ def file_uri(dag_id: str, run_id: str, folder: str, name: str, root: str | None 
     suffix = Path(name).suffix
     if "/" in name or suffix not in SERVED_SUFFIXES:
         raise ValueError(f"file {name!r} is not served; plain names ending {', '.join(SERVED_SUFFIXES)}")
+    root = root or artifacts_root()
     run = run_dir(dag_id, run_id, root)
     summary = _read_json(storage.join(run, "run_summary.json"))
-    paths = resolve_paths(run, summary if isinstance(summary, dict) else {})
+    paths = resolve_paths(run, summary if isinstance(summary, dict) else {}, root)
     # Only names that the folder listing returns: nothing outside the folder is reachable.
     if name not in _list(paths.get(folder)):
         raise FileNotFoundError(f"{name} not found in {paths.get(folder)}")

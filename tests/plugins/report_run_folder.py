@@ -72,15 +72,21 @@ def write_run(root: Path, dag_id: str = DAG_ID, run_id: str = RUN_ID) -> Path:
         "published": True, "reason": "beats the previous best τ 2.100 (entry e-old)",
         "compared": {"previous_best": {"id": "e-old", "acceptance_length": 2.1, "tokens_per_s_spec": 35.0}},
     }))
-    (run / "report" / "report.json").write_text(json.dumps({"run_id": run_id, "summary": "hand-made"}))
     (run / "report" / "report.html").write_text("<html><body><img src='training_curves.png'></body></html>")
     _png(run / "report" / "training_curves.png", "loss_0", [3.0, 2.5, 2.2, 2.1])
     _png(run / "report" / "acceptance_by_position.png", "accept rate", [0.8, 0.6, 0.45])
+    # report.py's report.json: short dataset rows without flags (the stats table must win for the flags).
+    (run / "report" / "report.json").write_text(json.dumps({
+        "run_id": run_id, "datasets": [{"dataset": "arithmetic", "samples": 930, "tokens": 70_000}],
+        "acceptance_length": 2.61}))
+    # Exactly what operators/stages.py ReportOperator writes; store/ and prepared/ sit under the storage root.
     (run / "run_summary.json").write_text(json.dumps({
         "dag_id": dag_id, "run_id": run_id, "report_dir": str(run / "report"),
-        "prepared": str(root / "prepared"),
-        "paths": {"stats": str(run / "stats"), "merged": str(run / "merged"), "store": str(root / "store"),
-                  "checkpoint": str(run / "checkpoint"), "eval": str(run / "eval")},
-        "summaries": {"extract": {"samples_extracted": 795, "skipped": 195}},
+        "paths": {"prepared": str(root / "prepared"), "report": str(run / "report")},
+        "summaries": {"stats": {"datasets": 2}, "tokenize": [{"dataset": "arithmetic", "reused": True}],
+                      "extract": [{"samples_extracted": 495, "samples_skipped": 100, "tokens": 49_500},
+                                  {"samples_extracted": 300, "samples_skipped": 95, "tokens": 30_000}]},
+        "reused": {"tokenize": {"arithmetic": "reused", "long_agent": "tokenized"},
+                   "extracted_samples": 795, "reused_samples": 195, "extracted_tokens": 79_500},
     }))
     return run

@@ -43,7 +43,9 @@ class TestLoadRun:
         assert acc["accept_rate_by_position"] == [0.8, 0.6, 0.45]
         assert run["datasets"]["rows"][1]["reused"] is False  # from prepared/long_agent/stats.json
         assert "dataset arithmetic: tokenization reused (fingerprint unchanged)" in run["reused"]
-        assert "extraction: skipped = 195" in run["reused"]
+        assert "extraction: 195 samples already in the store, not extracted again" in run["reused"]
+        assert run["extraction"]["summary"] == {"tasks": 2, "samples_extracted": 795, "samples_skipped": 195,
+                                                "tokens": 79_500}
         assert sorted(run["plots"]) == [("report", "acceptance_by_position.png"), ("report", "training_curves.png")]
         assert run["report_html"] is True
 
