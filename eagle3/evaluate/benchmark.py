@@ -203,6 +203,9 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         "generated_tokens": spec_tokens,
         "verifications": len(all_steps),
         "sim_accept_len": offline["sim_accept_len"] if offline else None,
+        # The trainer's estimate runs over all TTT steps; truncated to k it is comparable with τ (both ≤ k+1).
+        "sim_accept_len_k": metrics.simulated_acceptance_length(offline["acc"][: cfg.steps])
+        if offline and offline["acc"] else None,
         "offline": offline,
         "prompts_source": cfg.prompts,
         "target": cfg.target,

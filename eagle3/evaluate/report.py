@@ -199,7 +199,8 @@ def write_report(out: str, *, prepared: str | None = None, stats_dir: str | None
     last_eval = (curves or {}).get("eval", [])
     comparison = {
         "tau": (ev or {}).get("acceptance_length"), "steps": (ev or {}).get("steps"),
-        "sim_tau": (ev or {}).get("sim_accept_len") or (last_eval[-1]["sim_accept_len"] if last_eval else None),
+        "sim_tau": (ev or {}).get("sim_accept_len_k") or (ev or {}).get("sim_accept_len")
+        or (last_eval[-1]["sim_accept_len"] if last_eval else None),
         "previous_tau": prev.get("acceptance_length"), "previous_spec_tps": prev.get("tokens_per_s_spec"),
         "base_tps": (ev or {}).get("tokens_per_s_base"), "spec_tps": (ev or {}).get("tokens_per_s_spec"),
         "sglang_tau": (sglang or {}).get("acceptance_length"),

@@ -55,7 +55,7 @@ def render_html(report: dict, plots: dict[str, bytes]) -> str:
             ["tokens/s with speculation", ev.get("tokens_per_s_spec")],
             ["tokens/s baseline", ev.get("tokens_per_s_base")],
             ["speedup", ev.get("speedup")],
-            ["offline simulated τ (trainer, held-out)", cmp.get("sim_tau")],
+            ["offline simulated τ at k (trainer, held-out)", cmp.get("sim_tau")],
             ["prompts", f"{ev.get('num_prompts')} from {ev.get('prompts_source')}"],
             ["backend / device", f"{ev.get('backend')} / {ev.get('device')} ({ev.get('dtype')})"],
         ]))

@@ -55,6 +55,7 @@ def test_evaluate_writes_a_lossless_report(tiny_llama_dir, tiny_draft, prompts, 
     emitted = sum(p["new_tokens"] - 1 for p in report["prompts"])  # the prefill token is no verification
     assert report["acceptance_length"] == pytest.approx(emitted / steps)
     assert report["sim_accept_len"] == 1.7  # the last *eval* line, not the later train line
+    assert report["sim_accept_len_k"] == pytest.approx(1 + 0.5 + 0.5 * 0.4)  # its acc_0, acc_1 over k=3 steps
 
 
 def test_evaluate_fails_loudly_on_a_mismatch(tiny_llama_dir, tiny_draft, prompts, tmp_path, monkeypatch):
