@@ -29,7 +29,8 @@ def _sequences(n: int, seed: int = 0) -> list[list[int]]:
     return seqs
 
 
-def build_store(root: Path, target_dir: str, n: int = 48, storage: str = "bf16") -> tuple[str, str]:
+def build_store(root: Path, target_dir: str, n: int = 48, storage: str = "bf16",
+                seqs: list[list[int]] | None = None, draft_vocab: int = DRAFT_VOCAB) -> tuple[str, str]:
     from safetensors.torch import save_file
 
     from eagle3.extract.capture import TargetCapture
@@ -38,7 +39,7 @@ def build_store(root: Path, target_dir: str, n: int = 48, storage: str = "bf16")
     from eagle3.target import model_fingerprint
 
     cap = TargetCapture(target_dir)
-    seqs = _sequences(n)
+    seqs = seqs or _sequences(n)
     aux, last, lengths = cap.forward(seqs)
     writer = StoreWriter(str(root / "store"), model_fp=model_fingerprint(target_dir), model_name=target_dir,
                          layers=cap.layers, hidden_size=cap.hidden_size, vocab_size=cap.vocab_size,
@@ -51,21 +52,22 @@ def build_store(root: Path, target_dir: str, n: int = 48, storage: str = "bf16")
         mask = torch.tensor([0, 0, 0] + [1] * (n_tok - 3), dtype=torch.uint8)
         samples.append({"id": f"sample{i:03d}", "input_ids": torch.tensor(seq, dtype=torch.int32),
                         "loss_mask": mask, "tensors": encode(storage, a, l_, lm_head=cap.lm_head)})
-    for chunk in (samples[: n // 2], samples[n // 2:]):  # two shards
+    half = len(samples) // 2
+    for chunk in (samples[:half], samples[half:]):  # two shards
         writer.write_shard(chunk)
     # draft vocab: the target's most frequent argmax tokens, then the input tokens
     counts: dict[int, int] = {}
     for t in argmax:
         counts[t] = counts.get(t, 0) + 1
-    chosen = [t for t, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:DRAFT_VOCAB]
-    chosen += [t for t in range(1000, 1100) if t not in chosen][: DRAFT_VOCAB - len(chosen)]
+    chosen = [t for t, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:draft_vocab]
+    chosen += [t for t in range(1000, 1000 + 2 * draft_vocab) if t not in chosen][: draft_vocab - len(chosen)]
     chosen = torch.tensor(sorted(chosen), dtype=torch.long)
     t2d = torch.zeros(cap.vocab_size, dtype=torch.bool)
     t2d[chosen] = True
     vocab = root / "vocab"
     vocab.mkdir()
-    save_file({"d2t": chosen - torch.arange(DRAFT_VOCAB), "t2d": t2d}, str(vocab / "vocab.safetensors"))
-    (vocab / "vocab.json").write_text(json.dumps({"draft_vocab_size": DRAFT_VOCAB, "vocab_size": cap.vocab_size}))
+    save_file({"d2t": chosen - torch.arange(draft_vocab), "t2d": t2d}, str(vocab / "vocab.safetensors"))
+    (vocab / "vocab.json").write_text(json.dumps({"draft_vocab_size": draft_vocab, "vocab_size": cap.vocab_size}))
     return str(root / "store"), str(vocab)
 
 
