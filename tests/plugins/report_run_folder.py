@@ -90,3 +90,15 @@ def write_run(root: Path, dag_id: str = DAG_ID, run_id: str = RUN_ID) -> Path:
                    "extracted_samples": 795, "reused_samples": 195, "extracted_tokens": 79_500},
     }))
     return run
+
+
+def write_real_report(run: Path, root: Path) -> list[str]:
+    """Replace the hand-made report folder by the one eagle3.evaluate.report writes for this run; its PNG names."""
+    import shutil
+
+    from eagle3.evaluate.report import write_run_report
+
+    shutil.rmtree(run / "report")
+    out = write_run_report(run_dir=str(run), prepared=str(root / "prepared"))
+    return sorted(out["plots"])
+

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from eagle3_report import app as report_app
 from eagle3_report import page, run_files
 
-from report_run_folder import DAG_ID, PLUGINS, RUN_ID, write_run
+from report_run_folder import DAG_ID, PLUGINS, RUN_ID, write_real_report, write_run
 
 
 @pytest.fixture
@@ -48,6 +48,16 @@ class TestLoadRun:
                                                 "tokens": 79_500}
         assert sorted(run["plots"]) == [("report", "acceptance_by_position.png"), ("report", "training_curves.png")]
         assert run["report_html"] is True
+
+    def test_reads_the_report_folder_eagle3_evaluate_writes(self, artifacts, client):
+        """Contract with eagle3/evaluate/report.py: its report folder is found, plotted and served."""
+        plots = write_real_report(artifacts / "runs" / DAG_ID / RUN_ID, artifacts)
+        run = run_files.load_run(DAG_ID, RUN_ID, root=str(artifacts))
+        assert plots and run["plots"] == [("report", name) for name in plots] and run["report_html"]
+        html = client.get(f"/runs/{DAG_ID}/{RUN_ID}").text
+        for name in plots:
+            assert f"/files/report/{name}" in html
+            assert client.get(f"/runs/{DAG_ID}/{RUN_ID}/files/report/{name}").content[:4] == b"\x89PNG"
 
     def test_default_layout_without_run_summary(self, tmp_path):
         """A run still going has no run_summary.json yet: the DAG's folder layout is used."""

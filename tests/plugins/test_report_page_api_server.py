@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from report_run_folder import DAG_ID, PLUGINS, REPO, RUN_ID, write_run
+from report_run_folder import DAG_ID, PLUGINS, REPO, RUN_ID, write_real_report, write_run
 
 pytestmark = pytest.mark.integration
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
@@ -51,10 +51,11 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def api_server(tmp_path_factory):
-    """(base URL, admin token, artifacts root) of a running api-server with the plugins folder."""
+    """(base URL, admin token, PNG names of the report) of a running api-server with the plugins folder."""
     home = tmp_path_factory.mktemp("airflow_home_plugin")
     artifacts = home / "artifacts"
-    write_run(artifacts)
+    # The run's report folder as eagle3.evaluate.report writes it, so the screenshots show the real plots.
+    plots = write_real_report(write_run(artifacts), artifacts)
     # A stand-in eagle3_train DAG (one empty task) so the UI has a DAG and a run to show the tab on.
     (home / "dags").mkdir()
     (home / "dags" / "eagle3_train.py").write_text(STAND_IN_DAG)
@@ -98,7 +99,7 @@ def api_server(tmp_path_factory):
             time.sleep(1)
         r = httpx.post(f"{base}/auth/token", json={"username": "admin", "password": "admin"}, timeout=30)
         assert r.status_code in (200, 201), r.text
-        yield base, r.json()["access_token"], artifacts
+        yield base, r.json()["access_token"], plots
     finally:
         # Stop the server and its uvicorn worker by the PID (process group) this fixture started.
         os.killpg(proc.pid, signal.SIGTERM)
@@ -113,18 +114,18 @@ def api_server(tmp_path_factory):
 def test_unauthenticated_request_is_refused(api_server):
     base, _, _ = api_server
     assert httpx.get(base + PAGE, timeout=30).status_code == 401
-    assert httpx.get(f"{base}{PAGE}/files/report/training_curves.png", timeout=30).status_code == 401
+    assert httpx.get(f"{base}{PAGE}/files/report/report.html", timeout=30).status_code == 401
     forged = httpx.get(base + PAGE, headers={"Authorization": "Bearer not.a.jwt"}, timeout=30)
     assert forged.status_code in (401, 403)
 
 
 def test_page_with_bearer_token_and_ui_cookie(api_server):
-    base, token, _ = api_server
+    base, token, plots = api_server
     r = httpx.get(base + PAGE, headers={"Authorization": f"Bearer {token}"}, timeout=60)
     assert r.status_code == 200, r.text[:2000]
     assert "long_agent" in r.text and "verify: FAILED" in r.text and "2.61" in r.text
     # Plot URLs carry the mount prefix, and the plot is served through the app.
-    img = f"{PAGE}/files/report/training_curves.png"
+    img = f"{PAGE}/files/report/{plots[0]}"
     assert f'src="{img}"' in r.text
     png = httpx.get(base + img, headers={"Authorization": f"Bearer {token}"}, timeout=30)
     assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
@@ -212,22 +213,22 @@ def _screenshot(base: str, token: str, path: str, shot: Path, *, cookie: bool, s
 
 
 def test_screenshot_of_the_page_in_headless_chromium(api_server):
-    base, token, _ = api_server
+    base, token, plots = api_server
     seen = _screenshot(base, token, PAGE, ARTIFACTS_DIR / "eagle3_report_page.png", cookie=False,
                        size="1280,1600", wait_ms=5000)
-    # Chromium fetched the page and both plots through the app, all authorised.
+    # Chromium fetched the page and every plot through the app, all authorised.
     assert seen.get(PAGE) == 200, seen
-    assert seen.get(f"{PAGE}/files/report/training_curves.png") == 200, seen
-    assert seen.get(f"{PAGE}/files/report/acceptance_by_position.png") == 200, seen
+    for name in plots:
+        assert seen.get(f"{PAGE}/files/report/{name}") == 200, (name, seen)
 
 
 def test_screenshot_of_the_dag_run_tab_in_the_airflow_ui(api_server):
     """The real React UI: the run's "EAGLE-3 report" tab loads the page in an iframe, authenticated by the cookie."""
-    base, token, _ = api_server
+    base, token, plots = api_server
     tab = f"/dags/{DAG_ID}/runs/{ENCODED_RUN_ID}/plugin/eagle3-report"
     seen = _screenshot(base, token, tab, ARTIFACTS_DIR / "eagle3_report_ui_tab.png", cookie=True,
                        size="1400,1000", wait_ms=20000)
     assert seen.get(tab) == 200, seen
     assert seen.get("/api/v2/plugins") == 200, seen  # the UI learnt the tab from the plugin registry
     assert seen.get(PAGE) == 200, seen  # the iframe, with {DAG_ID}/{RUN_ID} filled in by the UI
-    assert seen.get(f"{PAGE}/files/report/training_curves.png") == 200, seen
+    assert seen.get(f"{PAGE}/files/report/{plots[0]}") == 200, seen
