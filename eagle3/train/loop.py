@@ -195,6 +195,13 @@ class Trainer:
                             total_tokens=sum(self.lengths[s] for b in todo for s in b))
         run_tokens, t0 = 0, time.monotonic()
         last_eval = None
+        if self.ckpt is not None and self.step >= self.total_steps:
+            # A finished run started again (e.g. a re-triggered task): nothing to train, no duplicate lines.
+            from eagle3.train.metrics import read_metrics
+
+            log.info("%s is already at step %d of %d; nothing to do", cfg.out, self.step, self.total_steps)
+            evals = read_metrics(self.metrics.uri, "eval") if dist.is_main else []
+            return self._summary(evals[-1] if evals else None, 0, 0.0)
         log.info("training %d steps (from step %d), %d train / %d held-out samples, micro-batch %d tokens x "
                  "grad_accum %d x %d process(es), %d tokens per step", self.total_steps, self.step,
                  len(self.inp.train_ids), len(self.inp.heldout_ids), self.micro, self.accum, dist.world,
@@ -238,12 +245,14 @@ class Trainer:
         last_eval = self.evaluate() or last_eval
         self.save()
         progress.finish()
-        elapsed = time.monotonic() - t0
+        return self._summary(last_eval, run_tokens, time.monotonic() - t0)
+
+    def _summary(self, last_eval: dict | None, run_tokens: int, elapsed: float) -> dict:
         return {
-            "checkpoint": checkpoint.latest_dir(cfg.out), "steps": self.step, "total_steps": self.total_steps,
+            "checkpoint": checkpoint.latest_dir(self.cfg.out), "steps": self.step, "total_steps": self.total_steps,
             "tokens": run_tokens, "tokens_per_s": run_tokens / max(elapsed, 1e-9), "seconds": elapsed,
             "sim_accept_len": last_eval["sim_accept_len"] if last_eval else None,
             "heldout_acc": last_eval["acc_i"] if last_eval else None,
-            "micro_batch": self.micro, "grad_accum": self.accum, "world_size": dist.world,
+            "micro_batch": self.micro, "grad_accum": self.accum, "world_size": self.dist.world,
             "metrics": self.metrics.uri,
         }

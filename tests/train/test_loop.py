@@ -48,6 +48,11 @@ def test_train_learns_logs_every_ttt_step_and_evaluates(tiny_store, tmp_path):
     assert checkpoint.list_steps(str(out)) == [7, 14]
     assert ck.state["micro_batch"] == 2048 and ck.state["grad_accum"] == 1
     assert ck.state["position"] == {"epoch": 13, "index": 1}
+    # started again when done: nothing trained, nothing logged twice, same answer
+    lines = (out / "metrics.jsonl").read_text()
+    again = train(cfg_for(tiny_store, out, token_budget=2048, epochs=14, lr=1e-2, eval_every=7, save_every=7))
+    assert again["steps"] == 14 and again["tokens"] == 0 and (out / "metrics.jsonl").read_text() == lines
+    assert again["sim_accept_len"] == pytest.approx(summary["sim_accept_len"])
 
 
 def test_micro_batch_split_does_not_change_the_curve(tiny_store, tmp_path):
