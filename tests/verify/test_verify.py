@@ -180,3 +180,18 @@ def test_cli_verify_exits_non_zero_on_failure(merged, capsys):
     assert json.loads(capsys.readouterr().out)["passed"] is True
     assert cli_main(["verify", "--merged", merged, "--hidden-size", str(10**12)]) != 0
     assert "verify gate failed: extraction_space" in capsys.readouterr().err
+
+
+def test_verify_and_vocab_on_s3(tmp_path, s3_bucket):
+    from eagle3.vocab import VocabConfig, build_vocab, load_vocab
+
+    rng = np.random.default_rng(12)
+    prep = write_prepared(tmp_path / "prep", {"a": random_rows(rng, 30), "b": random_rows(rng, 20)})
+    merged = f"{s3_bucket}/merged"
+    merge(MergeConfig(prepared=prep, out=merged, max_seq_len=L))
+    result = verify(merged, store=f"{s3_bucket}/store")
+    assert result["passed"] and storage.read_json(f"{merged}/verify.json")["passed"] is True
+    space = {c["name"]: c for c in result["checks"]}["extraction_space"]
+    assert space["free_bytes"] is None and "unknown (object store)" in space["detail"]
+    info = build_vocab(VocabConfig(merged=merged, out=f"{s3_bucket}/vocab", draft_vocab_size=32))
+    assert info["vocab_size"] == 1000 and load_vocab(f"{s3_bucket}/vocab")[0].shape == (32,)
