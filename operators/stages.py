@@ -14,7 +14,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from operators.base import Eagle3Operator
-from operators.supervised import SupervisedProcess, eagle3_cli, torchrun_cli
+from operators.supervised import SupervisedProcess, eagle3_cli
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,11 @@ class TrainOperator(_SubprocessStage):
                 "--seed", str(self.seed)]
         if int(self.max_steps):
             args += ["--max-steps", str(self.max_steps)]
-        return torchrun_cli(self.nproc, *args)
+        if self.nproc > 1:
+            # `eagle3 train --nproc` runs torchrun itself and keeps the exit codes (75 OOM, 2 bad
+            # input); a bare torchrun exits 1 whatever its workers returned.
+            args += ["--nproc", str(self.nproc)]
+        return eagle3_cli(*args)
 
     def result(self, context):
         from eagle3 import storage

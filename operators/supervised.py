@@ -70,10 +70,3 @@ def eagle3_cli(*args: str) -> list[str]:
     """argv for the eagle3 CLI with this interpreter."""
     return [sys.executable, "-m", "eagle3.cli", *args]
 
-
-def torchrun_cli(nproc: int, *args: str) -> list[str]:
-    """argv for a data-parallel run of an eagle3 CLI module through torchrun."""
-    if nproc <= 1:
-        return eagle3_cli(*args)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "eagle3.cli", *args]

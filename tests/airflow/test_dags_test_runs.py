@@ -48,7 +48,7 @@ def test_injected_oom_retries_once_and_resumes_with_half_batch(airflow_home, tmp
     assert tis[("evaluate", -1)][0] == "success", tis
     run = newest_run_dir(root)
     state = json.loads((run / "checkpoint" / "latest.json").read_text())
-    train_state = json.loads((run / "checkpoint" / state["step_dir"] / "train_state.json").read_text())
+    train_state = json.loads((run / "checkpoint" / state["dir"] / "train_state.json").read_text())
     assert train_state["token_budget"] == 256 and train_state["grad_accum"] == 2, train_state
 
 
