@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import random
 import tempfile
 import time
@@ -59,7 +60,7 @@ def planned_padding(lengths: list[int], budget: int) -> float:
     """Padding share of the stage's own batch plan for these lengths."""
     from eagle3.extract.plan import Sample, cut_batches, order, padding_share
 
-    samples = order([Sample(f"{i:06d}", [0] * n, [0]) for i, n in enumerate(lengths)])
+    samples = order([Sample(f"{i:06d}", n) for i, n in enumerate(lengths)])
     real, padded = padding_share(cut_batches(samples, budget))
     return 1 - real / padded
 
@@ -86,6 +87,7 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     import torch
 

@@ -67,23 +67,46 @@ class ExtractConfig:
             raise InputError(f"device={self.device!r}: use cpu, cuda or auto")
 
 
-def read_merged(uri: str) -> list[Sample]:
-    """Samples of MERGED/train.parquet (columns id, input_ids, loss_mask), duplicates dropped."""
+class MergedTokens:
+    """The token columns of train.parquet as flat numpy arrays (4 + 1 bytes per token, no Python lists)."""
+
+    def __init__(self, input_ids, loss_mask, offsets):
+        self.input_ids, self.loss_mask, self.offsets = input_ids, loss_mask, offsets
+
+    def row(self, i: int):
+        a, b = self.offsets[i], self.offsets[i + 1]
+        return self.input_ids[a:b], self.loss_mask[a:b]
+
+
+def read_merged(uri: str) -> tuple[list[Sample], MergedTokens]:
+    """Samples of MERGED/train.parquet (columns id, input_ids, loss_mask), duplicate ids dropped."""
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = uri if uri.endswith(".parquet") else st.join(uri, "train.parquet")
     if not st.exists(path):
         raise InputError(f"merged dataset {path} not found; run `eagle3 merge --out {uri}` first")
     table = pq.read_table(st.local_path(path), columns=["id", "input_ids", "loss_mask"])
+    ids_col = table.column("input_ids").combine_chunks()
+    mask_col = table.column("loss_mask").combine_chunks()
+    offsets = ids_col.offsets.to_numpy().astype(np.int64)
+    lengths = np.diff(offsets)
+    bad = np.flatnonzero((np.diff(mask_col.offsets.to_numpy()) != lengths) | (lengths <= 0))
+    sample_ids = table.column("id").to_pylist()
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(f"row {i} (id {sample_ids[i]}): {lengths[i]} input_ids vs "
+                         f"{len(mask_col[i])} loss_mask entries (must be equal and > 0); re-run merge", file=path)
+    # flatten() honours slicing (unlike .values); copies make the arrays writable, as torch wants them
+    tokens = MergedTokens(np.array(ids_col.flatten().cast(pa.int32()).to_numpy()),
+                          np.array(mask_col.flatten().cast(pa.uint8()).to_numpy()), offsets - offsets[0])
     seen, out = set(), []
-    for sid, ids, mask in zip(*(table.column(c).to_pylist() for c in ("id", "input_ids", "loss_mask"))):
-        if len(ids) != len(mask) or not ids:
-            raise InputError(f"sample {sid}: {len(ids)} input_ids vs {len(mask)} loss_mask entries "
-                             "(must be equal and > 0); re-run merge", file=path)
+    for row, (sid, n) in enumerate(zip(sample_ids, lengths.tolist())):
         if sid not in seen:
             seen.add(sid)
-            out.append(Sample(sid, ids, mask))
-    return out
+            out.append(Sample(sid, n, row))
+    return out, tokens
 
 
 def _resolve_device(device: str) -> str:
@@ -126,7 +149,8 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
     start = time.monotonic()
     index, count = parse_shard(cfg.shard)
     task = task_name(index, count)
-    mine = [s for s in read_merged(cfg.merged) if in_task(s.id, index, count)]
+    merged, tokens = read_merged(cfg.merged)
+    mine = [s for s in merged if in_task(s.id, index, count)]
     cap = TargetCapture(cfg.model, device, list(cfg.layers) if cfg.layers else None)
     writer = StoreWriter(cfg.out, model_fp=model_fingerprint(resolve_model(cfg.model)), model_name=cfg.model,
                          layers=cap.layers, hidden_size=cap.hidden_size, vocab_size=cap.vocab_size,
@@ -155,6 +179,9 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
              len(todo), real, len(shards), 100 * summary["padding_share"], padded, budget)
     progress = Progress("extract", len(todo), real, every_s=cfg.progress_every_s, logger=log)
     forward_s, estimated = 0.0, False
+    # Rate for the estimate: skip the first batch (warm-up, and the shortest samples), then
+    # measure at least one budget's worth of tokens.
+    n_batches, seen, rate_tokens, rate_s = sum(len(b) for b in plan), 0, 0, 0.0
     if cfg.tokens_per_s and todo:  # known throughput: estimate before any work
         summary["estimate"] = _estimate(cfg, real, len(todo), bpt, cfg.tokens_per_s)
         estimated = True
@@ -164,7 +191,7 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
         for batch in batches:
             t0 = time.monotonic()
             try:
-                aux, last, lengths = cap.forward([s.input_ids for s in batch])
+                aux, last, lengths = cap.forward([tokens.row(s.row)[0] for s in batch])
                 feats = codec.encode(cfg.storage, aux, last, lm_head=cap.lm_head)
             except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
                 if not is_oom(e):
@@ -176,12 +203,16 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
             forward_s += time.monotonic() - t0
             pos = 0
             for s, n in zip(batch, lengths):
-                items.append({"id": s.id, "input_ids": _ints(s.input_ids), "loss_mask": _bytes(s.loss_mask),
+                ids, mask = tokens.row(s.row)
+                items.append({"id": s.id, "input_ids": _ints(ids), "loss_mask": _bytes(mask),
                               "tensors": {k: v[pos:pos + n] for k, v in feats.items()}})
                 pos += n
-            if not estimated:
+            seen += 1
+            if seen > 1 or n_batches == 1:
+                rate_tokens, rate_s = rate_tokens + pos, rate_s + time.monotonic() - t0
+            if not estimated and (rate_tokens >= min(budget, real) or seen == n_batches) and rate_tokens:
                 estimated = True
-                summary["estimate"] = _estimate(cfg, real, len(todo), bpt, pos / max(forward_s, 1e-9))
+                summary["estimate"] = _estimate(cfg, real, len(todo), bpt, rate_tokens / max(rate_s, 1e-9))
             progress.update(len(batch), pos)
         if slow:
             time.sleep(slow)
@@ -206,13 +237,13 @@ def lengths_of(batch: list[Sample]) -> list[int]:
 def _ints(values):
     import torch
 
-    return torch.tensor(values, dtype=torch.int32)
+    return torch.as_tensor(values).to(torch.int32)
 
 
 def _bytes(values):
     import torch
 
-    return torch.tensor(values, dtype=torch.uint8)
+    return torch.as_tensor(values).to(torch.uint8)
 
 
 def _estimate(cfg: ExtractConfig, tokens: int, samples: int, bpt: int, measured_tok_s: float) -> dict:

@@ -76,7 +76,8 @@ def _oom_args(merged, model, out, budget="256"):
 
 
 def test_oom_exits_75_then_retry_uses_the_halved_budget(tmp_path, tiny_llama_dir):
-    merged = write_merged(tmp_path / "m", make_samples(30, seed=8))
+    # equal lengths: full batches of 12x20 = 240 padded tokens at budget 256, 6x20 at 128
+    merged = write_merged(tmp_path / "m", make_samples(30, seed=8, min_len=20, max_len=20))
     first = run_cli(_oom_args(merged, tiny_llama_dir, tmp_path / "s"), EAGLE3_INJECT_OOM_ABOVE_TOKENS=200)
     assert first.returncode == 75, first.stderr
     assert "out of memory" in first.stderr

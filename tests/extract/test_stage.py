@@ -113,3 +113,30 @@ def test_bad_config_is_refused(tmp_path):
 
     with pytest.raises(InputError, match="unknown key"):
         config_from_dict({"merged": "m", "model": "x", "out": "o", "batch": 3})
+
+
+def test_bad_merged_input_names_the_row_and_the_fix(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eagle3.extract.stage import read_merged
+
+    with pytest.raises(InputError, match="run `eagle3 merge"):
+        read_merged(str(tmp_path / "missing"))
+    (tmp_path / "m").mkdir()
+    pq.write_table(pa.table({"id": ["a", "b"], "input_ids": [[1, 2], [3, 4, 5]], "loss_mask": [[0, 1], [1, 1]]}),
+                   tmp_path / "m" / "train.parquet")
+    with pytest.raises(InputError, match=r"row 1 \(id b\): 3 input_ids vs 2 loss_mask"):
+        read_merged(str(tmp_path / "m"))
+
+
+def test_read_merged_keeps_tokens_in_flat_arrays(tmp_path):
+    from eagle3.extract.stage import read_merged
+
+    samples = make_samples(5, seed=9)
+    merged, tokens = read_merged(write_merged(tmp_path / "m", samples + samples[:1]))  # one duplicate id
+    assert [s.id for s in merged] == [s["id"] for s in samples]
+    for s, ref in zip(merged, samples):
+        ids, mask = tokens.row(s.row)
+        assert s.num_tokens == len(ref["input_ids"]) and ids.tolist() == ref["input_ids"]
+        assert mask.tolist() == ref["loss_mask"]
