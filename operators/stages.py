@@ -19,6 +19,16 @@ from operators.supervised import SupervisedProcess, eagle3_cli
 log = logging.getLogger(__name__)
 
 
+def pull_mapped(ti, task_id: str) -> list[dict]:
+    """Every mapped instance's XCom summary as a list (a single instance comes back bare)."""
+    value = ti.xcom_pull(task_ids=task_id)
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        return [value]
+    return [v for v in value if v]
+
+
 class _SubprocessStage(Eagle3Operator):
     """Runs `argv()` supervised; the child's exit code picks the retry decision."""
 
@@ -246,7 +256,7 @@ class TrainOperator(_SubprocessStage):
     def argv(self, context) -> list[str]:
         # Train on exactly the store folder extraction filled for this run (a root may hold
         # stores of other models, layers or storage options).
-        extracted = [s for s in context["ti"].xcom_pull(task_ids="extract") or [] if s]
+        extracted = pull_mapped(context["ti"], "extract")
         store = extracted[0]["store"] if extracted else self.store
         args = ["train", "--store", store, "--merged", self.merged, "--vocab", self.vocab,
                 "--out", self.out, "--target", self.model, "--ttt-length", str(self.ttt_length),
@@ -354,8 +364,8 @@ class ReportOperator(Eagle3Operator):
         ti = context["ti"]
         summaries = {tid: ti.xcom_pull(task_ids=tid) for tid in
                      ("stats", "merge", "verify", "vocab", "train", "export", "evaluate", "publish")}
-        tokenized = [s for s in ti.xcom_pull(task_ids="tokenize") or [] if s]
-        extracted = [s for s in ti.xcom_pull(task_ids="extract") or [] if s]
+        tokenized = pull_mapped(ti, "tokenize")
+        extracted = pull_mapped(ti, "extract")
         reuse = {
             "tokenize": {s["dataset"]: "reused" if s.get("reused") else "tokenized" for s in tokenized},
             "extracted_samples": sum(s.get("samples_extracted", 0) for s in extracted),

@@ -28,6 +28,8 @@ class SupervisedProcess:
         self.env = {**os.environ, **(env or {})}
         self.log = log or logging.getLogger(__name__)
         self.proc: subprocess.Popen | None = None
+        # "extract", "train", ...: the word after the module, for messages
+        self.stage = argv[argv.index("eagle3.cli") + 1] if "eagle3.cli" in argv[:-1] else argv[0]
 
     def run(self) -> None:
         """Run to completion, streaming output into the task log; raise on failure."""
@@ -47,7 +49,7 @@ class SupervisedProcess:
         if code == 0:
             return
         if code == GpuOutOfMemory.EXIT_CODE:
-            raise GpuOutOfMemory(f"{self.argv[2:4]} ran out of memory; state saved, retry resumes.\n{last}")
+            raise GpuOutOfMemory(f"{self.stage} ran out of memory; state saved, the retry resumes.\n{last}")
         if code == INPUT_ERROR_EXIT:
             raise InputError(f"bad input (exit {code}):\n{last}")
         raise RuntimeError(f"subprocess exited with {code}:\n{last}")
