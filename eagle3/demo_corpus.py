@@ -37,7 +37,37 @@ DATASETS = {
     "chat": (300, "messages", "data/chat.parquet", "chat"),
     "tools": (320, "messages", "data/tools.jsonl", "tool_use"),
     "long_reports": (125, "messages", "data/long_reports.jsonl", "long_context"),
+    "coding": (300, "messages", "data/coding.jsonl", "code"),
 }
+# Small Python tasks, written for this corpus (not from HumanEval, the held-out benchmark):
+# (function name, argument, what it returns, reference body)
+CODE_TASKS = [
+    ("sum_of_squares", "n", "the sum of the squares of the integers from 1 to n",
+     "return sum(i * i for i in range(1, n + 1))"),
+    ("count_vowels", "text", "how many vowels (a, e, i, o, u, either case) the string contains",
+     "return sum(1 for ch in text.lower() if ch in 'aeiou')"),
+    ("mirror_words", "sentence", "the sentence with the letters of every word reversed",
+     "return ' '.join(w[::-1] for w in sentence.split())"),
+    ("running_total", "numbers", "a list where item i is the sum of numbers[0..i]",
+     "out, total = [], 0\n    for x in numbers:\n        total += x\n        out.append(total)\n    return out"),
+    ("word_lengths", "sentence", "a list with the length of each word of the sentence",
+     "return [len(w) for w in sentence.split()]"),
+    ("max_gap", "numbers", "the largest difference between two neighbouring items of the list",
+     "return max(abs(a - b) for a, b in zip(numbers, numbers[1:]))"),
+    ("digits_sum", "n", "the sum of the decimal digits of the non-negative integer n",
+     "return sum(int(d) for d in str(n))"),
+    ("evens_only", "numbers", "the even items of the list, in order",
+     "return [x for x in numbers if x % 2 == 0]"),
+    ("capitalize_words", "sentence", "the sentence with the first letter of every word in upper case",
+     "return ' '.join(w[:1].upper() + w[1:] for w in sentence.split())"),
+    ("count_char", "text, ch", "how many times the character ch occurs in text",
+     "return sum(1 for c in text if c == ch)"),
+    ("fizzbuzz_line", "n", "'Fizz' for multiples of 3, 'Buzz' for 5, 'FizzBuzz' for both, else str(n)",
+     "if n % 15 == 0:\n        return 'FizzBuzz'\n    if n % 3 == 0:\n        return 'Fizz'\n    if n % 5 == 0:\n"
+     "        return 'Buzz'\n    return str(n)"),
+    ("second_largest", "numbers", "the second largest distinct value in the list",
+     "return sorted(set(numbers))[-2]"),
+]
 ITEMS = ["apples", "pencils", "books", "tickets", "boxes", "bottles", "marbles", "stamps", "cookies", "tiles"]
 NAMES = ["Ana", "Ben", "Chloe", "Dev", "Elif", "Femi", "Goro", "Hana", "Ivan", "Jun", "Kira", "Leo", "Mona", "Nils"]
 CITIES = ["Lisbon", "Osaka", "Nairobi", "Lima", "Oslo", "Hanoi", "Quito", "Perth", "Riga", "Tunis", "Accra", "Cork"]
@@ -214,10 +244,25 @@ def _long_report(rng: random.Random) -> dict:
     return {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
 
 
+def _coding(rng: random.Random) -> dict:
+    name, arg, returns, body = rng.choice(CODE_TASKS)
+    style = rng.randrange(3)
+    if style == 0:
+        q = f"Write a Python function `{name}({arg})` that returns {returns}."
+    elif style == 1:
+        q = f"Implement {name}({arg}) in Python. It should return {returns}. Include a docstring."
+    else:
+        q = f"I need a small Python helper called {name} taking {arg}; it returns {returns}. Can you write it?"
+    doc = f'    """Return {returns}."""\n' if style == 1 else ""
+    a = (f"Here is the function:\n\n```python\ndef {name}({arg}):\n{doc}    {body}\n```\n\n"
+         f"It returns {returns}.")
+    return {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+
+
 def _records(name: str, n: int, seed: int) -> list[dict]:
     rng = random.Random(f"{seed}:{name}")  # str seeds are hashed with sha512: stable across runs
     make = {"arithmetic": _arithmetic, "instructions": _instructions, "chat": _chat,
-            "long_reports": _long_report}.get(name)
+            "long_reports": _long_report, "coding": _coding}.get(name)
     return [make(rng) if make else _tools(rng, i) for i in range(n)]
 
 
@@ -240,8 +285,15 @@ def _parquet(records: list[dict]) -> bytes:
     return buf.getvalue()
 
 
-def write_demo_corpus(out: str, scale: float = 1, seed: int = 42) -> str:
-    """Write the demo datasets and manifest.yaml under `out`; returns the manifest's URI."""
+def write_demo_corpus(out: str, scale: float = 1, seed: int = 42, regenerate: tuple[str, ...] = ()) -> str:
+    """Write the demo datasets and manifest.yaml under `out`; returns the manifest's URI.
+
+    Datasets named in `regenerate` get `regenerate: true`: the DAG replaces their
+    answers with the target's own before tokenizing.
+    """
+    unknown = sorted(set(regenerate) - set(DATASETS))
+    if unknown:
+        raise InputError(f"--regenerate names unknown dataset(s) {unknown}; demo datasets: {sorted(DATASETS)}")
     if scale <= 0:
         raise InputError(f"scale must be > 0, got {scale!r} (e.g. --scale 1)")
     entries = []
@@ -254,7 +306,8 @@ def write_demo_corpus(out: str, scale: float = 1, seed: int = 42) -> str:
             if rel.endswith(".gz"):  # mtime=0 and no file name: the same bytes on every run
                 data = gzip.compress(data, mtime=0)
         storage.write_bytes(storage.join(out, rel), data)
-        entries.append({"name": name, "source": rel, "format": fmt, "category": category})
+        entries.append({"name": name, "source": rel, "format": fmt, "category": category,
+                        **({"regenerate": True} if name in regenerate else {})})
     import yaml
 
     text = (f"# Demo corpus written by `eagle3 demo-data --scale {scale:g} --seed {seed}`.\n"
@@ -269,8 +322,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="folder to write data/ and manifest.yaml into (local or s3://)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every dataset's sample count (default 1)")
     p.add_argument("--seed", type=int, default=42, help="seed of the generator (default 42)")
+    p.add_argument("--regenerate", default="", help="comma-separated datasets to mark `regenerate: true`")
 
 
 def run(args: argparse.Namespace) -> int:
-    print(write_demo_corpus(args.out, scale=args.scale, seed=args.seed))
+    names = tuple(n for n in args.regenerate.split(",") if n)
+    print(write_demo_corpus(args.out, scale=args.scale, seed=args.seed, regenerate=names))
     return 0

@@ -57,7 +57,7 @@ def test_manifest_lists_formats_and_categories(corpus):
     assert {d["format"] for d in by_name.values()} == {"messages", "sharegpt"}
     assert {Path(d["source"]).name.split(".", 1)[1] for d in by_name.values()} == {"jsonl", "jsonl.gz", "parquet"}
     assert {d["category"] for d in by_name.values()} == {"math", "instruction_following", "chat", "tool_use",
-                                                         "long_context"}
+                                                         "long_context", "code"}
     for d in by_name.values():
         assert (corpus / d["source"]).stat().st_size > 0
 
@@ -181,3 +181,15 @@ def test_cli_demo_data(tmp_path, capsys):
     assert cli_main(["demo-data", "--out", str(tmp_path / "d"), "--scale", "0.05", "--seed", "1"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "d" / "manifest.yaml")
     assert sum(len(v) for v in load(tmp_path / "d").values()) >= 5
+
+
+def test_regenerate_flag_marks_only_named_datasets(tmp_path):
+    from eagle3.demo_corpus import write_demo_corpus
+    from eagle3.errors import InputError
+
+    manifest = yaml.safe_load(Path(write_demo_corpus(str(tmp_path / "d"), scale=0.05,
+                                                     regenerate=("coding", "chat"))).read_text())
+    flagged = sorted(d["name"] for d in manifest["datasets"] if d.get("regenerate"))
+    assert flagged == ["chat", "coding"]
+    with pytest.raises(InputError, match="unknown dataset"):
+        write_demo_corpus(str(tmp_path / "e"), scale=0.05, regenerate=("nope",))
