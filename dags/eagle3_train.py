@@ -97,8 +97,9 @@ PARAMS = {
     "aux_layers": Param(None, type=["null", "array"], items={"type": "integer", "minimum": 0},
                         minItems=3, maxItems=3, title="Aux layers",
                         description="Target layers whose outputs feed the draft; empty = [1, L/2-1, L-4]."),
-    "storage_option": Param("bf16", type="string", enum=["bf16", "fp8-topk"], title="Hidden-state storage",
-                            description="bf16 = 8H bytes/token baseline; fp8-topk = compact (≤ 4H+8)."),
+    "storage_option": Param("bf16", type="string", enum=["bf16", "fp8", "fp8-topk"], title="Hidden-state storage",
+                            description="bf16: 8H bytes/token (baseline); fp8: 4H+8; fp8-topk: 3H+102 "
+                                        "(fp8 aux + the target's top-16 log-probs instead of `last`)."),
     "extract_shards": Param(1, type="integer", minimum=1, maximum=1024, title="Extraction shards",
                             description="Number of mapped extraction tasks (pool gpu caps how many run at once)."),
     "token_budget": Param(8192, type="integer", minimum=64, title="Token budget",

@@ -178,11 +178,12 @@ class VerifyOperator(Eagle3Operator):
         from eagle3.verify import VerifyConfig, verify
 
         self.stage_env()
-        # The compact storage keeps ~half the bytes of bf16 aux+last (see docs/extract.md).
-        bytes_per_value = 2 if self.storage_option == "bf16" else 1
+        # Bytes per stored value and whether `last` is stored, per storage option (docs/extract.md).
+        bytes_per_value, store_last = {"bf16": (2, True), "fp8": (1, True), "fp8-topk": (1, False)}[
+            self.storage_option]
         try:
             result = verify(VerifyConfig(merged=self.merged, model=self.model, store=self.store,
-                                         bytes_per_value=bytes_per_value))
+                                         bytes_per_value=bytes_per_value, store_last=store_last))
         except GateFailed as e:
             raise AirflowFailException(f"verify gate failed: {e}") from e
         return self.summary(result)
