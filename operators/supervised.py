@@ -4,7 +4,8 @@ GPU work must not run in the task process (it is forked from the supervisor
 and must never initialise CUDA), and a long run must die with the task: the
 child gets its own process group, which `kill()` ends on `on_kill`.
 The child's exit code carries the error class: 75 → GpuOutOfMemory (retry),
-2 → InputError (no retry), anything else → a plain failure (default retries).
+2 → InputError and 3 → GateFailed (no retry), anything else → a plain failure
+(default retries).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import subprocess
 import sys
 import time
 
-from eagle3.errors import GpuOutOfMemory, InputError
+from eagle3.errors import GateFailed, GpuOutOfMemory, InputError
 
 INPUT_ERROR_EXIT = 2
+GATE_FAILED_EXIT = 3  # e.g. `eagle3 evaluate` found speculative output != greedy output
 
 
 class SupervisedProcess:
@@ -52,6 +54,8 @@ class SupervisedProcess:
             raise GpuOutOfMemory(f"{self.stage} ran out of memory; state saved, the retry resumes.\n{last}")
         if code == INPUT_ERROR_EXIT:
             raise InputError(f"bad input (exit {code}):\n{last}")
+        if code == GATE_FAILED_EXIT:
+            raise GateFailed(f"{self.stage} check failed (exit {code}):\n{last}")
         raise RuntimeError(f"subprocess exited with {code}:\n{last}")
 
     def kill(self, grace_s: float = 10.0) -> None:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from eagle3.errors import GpuOutOfMemory, InputError
+from eagle3.errors import GateFailed, GpuOutOfMemory, InputError
 from operators.supervised import SupervisedProcess
 
 
@@ -21,6 +21,8 @@ def test_exit_codes_pick_the_error_class():
         SupervisedProcess(_py("print('saved micro-batch 256'); raise SystemExit(75)")).run()
     with pytest.raises(InputError, match="bad.jsonl:3"):
         SupervisedProcess(_py("import sys; print('bad.jsonl:3: malformed JSON'); sys.exit(2)")).run()
+    with pytest.raises(GateFailed, match="differs at position 7"):
+        SupervisedProcess(_py("print('prompt 3 differs at position 7'); raise SystemExit(3)")).run()
     with pytest.raises(RuntimeError, match="exited with 1"):
         SupervisedProcess(_py("raise SystemExit(1)")).run()
     SupervisedProcess(_py("print('ok')")).run()
