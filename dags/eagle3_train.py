@@ -92,6 +92,8 @@ PARAMS = {
                                 description="hf: in-process transformers; openai: endpoint of connection eagle3_openai."),
     "regenerate_max_tokens": Param(256, type="integer", minimum=1, title="Regeneration max tokens",
                                    description="Max new tokens per regenerated assistant turn."),
+    "regenerate_concurrency": Param(16, type="integer", minimum=1, maximum=1024, title="Regeneration concurrency",
+                                    description="Conversations in flight (openai) or the generate batch (hf)."),
     "draft_vocab_size": Param(8192, type="integer", minimum=16, title="Draft vocab size",
                               description="Vd: the draft lm_head covers the Vd most frequent loss tokens."),
     "aux_layers": Param(None, type=["null", "array"], items={"type": "integer", "minimum": 0},
@@ -159,6 +161,7 @@ def eagle3_train():
         task_id="regenerate", manifest="{{ params.manifest }}", model="{{ params.model }}",
         backend="{{ params.regenerate_backend }}", storage_root="{{ params.storage_root }}",
         max_tokens="{{ params.regenerate_max_tokens }}", seed="{{ params.seed }}",
+        concurrency="{{ params.regenerate_concurrency }}",
         map_index_template="{{ task.dataset_name }}",
     ).expand_kwargs(pick.override(task_id="datasets_to_regenerate")(found, "regenerate"))
 

@@ -21,25 +21,28 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO_CONF = {
     "model": "smollm2-135m-instruct",
     "max_seq_len": 1024,
-    "draft_vocab_size": 8192,
-    "ttt_length": 4,
+    "draft_vocab_size": 2048,
+    "ttt_length": 3,
     "epochs": 2,
-    "lr": 1e-3,
-    "token_budget": 4096,
+    "lr": 2e-3,
+    "token_budget": 1024,
     "extract_shards": 2,
     "benchmark_prompts": "humaneval",
-    "benchmark_limit": 10,
-    "max_new_tokens": 96,
+    "benchmark_limit": 5,
+    "max_new_tokens": 64,
     "steps": 3,
     "regenerate_backend": "hf",
-    "regenerate_max_tokens": 160,
+    "regenerate_max_tokens": 128,
+    "regenerate_concurrency": 48,
 }
+DEMO_SCALE = 0.15
+REGENERATED = "coding,chat"  # answers replaced by SmolLM2's own before tokenizing
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
-    ap.add_argument("--scale", type=float, default=1.0, help="demo corpus size multiplier")
+    ap.add_argument("--scale", type=float, default=DEMO_SCALE, help="demo corpus size multiplier")
     ap.add_argument("--conf", default="{}", help="JSON overriding the demo DAG-run conf")
     args = ap.parse_args()
 
@@ -51,7 +54,7 @@ def main() -> int:
     bin_dir = Path(sys.executable).parent
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "eagle3.cli", "demo-data", "--out", str(demo_dir),
-                    "--scale", str(args.scale)], check=True, env=env)
+                    "--scale", str(args.scale), "--regenerate", REGENERATED], check=True, env=env)
     conf = {**DEMO_CONF, "manifest": str(demo_dir / "manifest.yaml"), "storage_root": str(artifacts),
             **json.loads(args.conf)}
     conf = {k: v for k, v in conf.items() if v is not None}

@@ -68,7 +68,7 @@ class SGLangServer:
     def __init__(self, model_path: str, tp: int = 1, port: int = 30000, host: str = "127.0.0.1",
                  extra_args: Sequence[str] = (), speculative: dict | None = None,
                  gpus: Sequence[int] | None = None, log_path: str | None = None,
-                 env: dict[str, str] | None = None, python: str = sys.executable,
+                 env: dict[str, str] | None = None, python: str | None = None,
                  module: str = "sglang.launch_server"):
         """``extra_args`` go verbatim after the managed flags (e.g. ``["--mem-fraction-static", "0.8"]``);
         ``gpus`` becomes CUDA_VISIBLE_DEVICES; ``env`` is added to the server's environment;
@@ -89,6 +89,8 @@ class SGLangServer:
         self.extra_args, self.speculative = list(extra_args), dict(speculative or {})
         self.gpus = None if gpus is None else [int(g) for g in gpus]
         self.log_path = log_path or os.path.join("/tmp", f"sglang-server-{self.port}.log")
+        # The GPU image installs SGLang in its own venv (its torch pin differs from ours).
+        python = python or os.environ.get("EAGLE3_SGLANG_PYTHON") or sys.executable
         self.env, self.python, self.module = dict(env or {}), python, module
         self.proc: subprocess.Popen | None = None
         self._external_url: str | None = None

@@ -58,11 +58,12 @@ class RegenerateOperator(_SubprocessStage):
     the child through its environment, never on the command line.
     """
 
-    template_fields = ("dataset_name", "manifest", "model", "backend", "storage_root", "max_tokens", "seed")
+    template_fields = ("dataset_name", "manifest", "model", "backend", "storage_root", "max_tokens", "seed",
+                       "concurrency")
 
     def __init__(self, *, dataset_name: str, manifest: str, model: str, backend: str = "hf",
                  storage_root: str, max_tokens: int | str = 256, seed: int | str = 42,
-                 openai_conn_id: str = "eagle3_openai", concurrency: int = 8, **kwargs):
+                 openai_conn_id: str = "eagle3_openai", concurrency: int | str = 16, **kwargs):
         super().__init__(**kwargs)
         self.dataset_name, self.manifest, self.model, self.backend = dataset_name, manifest, model, backend
         self.storage_root, self.max_tokens, self.seed = storage_root, max_tokens, seed
