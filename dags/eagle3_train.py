@@ -66,7 +66,7 @@ def _dataset_assets(manifest: str) -> list[Asset]:
         if not src:
             continue
         uri = src if "://" in src else f"file://{(base / src).resolve()}"
-        assets.append(Asset(uri, name=f"eagle3-dataset-{ds.get('name')}", group="eagle3-datasets"))
+        assets.append(Asset(uri=uri, name=f"eagle3-dataset-{ds.get('name')}", group="eagle3-datasets"))
     return assets
 
 

@@ -90,3 +90,23 @@ def test_params_have_titles_and_refuse_bad_values(dag):
 def test_pools_file_defines_gpu_pool():
     pools = json.loads((REPO / "pools.json").read_text())
     assert pools["gpu"]["slots"] >= 1
+
+
+def test_schedule_has_one_asset_per_dataset_of_the_manifest(tmp_path):
+    from tests.airflow.tiny_data import write_tiny_manifest
+
+    manifest = write_tiny_manifest(tmp_path)
+    code = (
+        "import sys; from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(REPO / 'dags')!r})\n"
+        "assert not bag.import_errors, bag.import_errors\n"
+        "t = bag.dags['eagle3_train'].timetable\n"
+        "print(type(t).__name__, sorted(a.uri for a in t.asset_condition.objects) if hasattr(t.asset_condition, 'objects') else t.asset_condition)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "EAGLE3_MANIFEST": str(manifest), "PYTHONPATH": str(REPO),
+                              "AIRFLOW__CORE__LOAD_EXAMPLES": "False"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("AssetOrTimeSchedule"), line
+    assert f"file://{tmp_path}/alpha.jsonl" in line and f"file://{tmp_path}/beta.jsonl" in line, line
