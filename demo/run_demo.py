@@ -91,8 +91,13 @@ def summarize(artifacts: Path) -> int:
     report = run / "eval" / "report.json"
     if report.exists():
         r = json.loads(report.read_text())
-        print(f"--- evaluation on {r.get('prompts')} ({r.get('num_prompts', '?')} prompts, k={r.get('steps')}) ---")
-        print(f"acceptance length tau = {r['acceptance_length']:.3f}   (simulated offline: {r.get('sim_accept_len')})")
+        print(f"--- evaluation on {r.get('prompts_source')} ({r.get('num_prompts', '?')} prompts x "
+              f"{r.get('max_new_tokens')} tokens, k={r.get('steps')} draft steps) ---")
+        sim = r.get("sim_accept_len_k")
+        print(f"acceptance length tau = {r['acceptance_length']:.3f}   (trainer's offline estimate on its held-out "
+              f"split: {sim:.3f})" if sim else f"acceptance length tau = {r['acceptance_length']:.3f}")
+        rates = ", ".join("-" if a is None else f"{a:.2f}" for a in r.get("accept_rate_by_position", []))
+        print(f"acceptance rate by draft position: {rates}")
         print(f"speedup = {r.get('speedup', 0):.2f}x   ({r.get('tokens_per_s_spec', 0):.1f} vs "
               f"{r.get('tokens_per_s_base', 0):.1f} tok/s)")
         print(f"lossless = {r['lossless']}")
