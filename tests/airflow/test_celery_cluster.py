@@ -51,6 +51,7 @@ def test_triggered_run_succeeds_with_artifacts_in_s3(cluster, tmp_path, s3_bucke
     tis = httpx.get(f"{api}/dags/eagle3_train/dagRuns/{run_id}/taskInstances", headers=headers,
                     params={"limit": 100}).json()["task_instances"]
     summary = {(t["task_id"], t["map_index"]): (t["state"], t["pool"], t["queue"]) for t in tis}
+    spans = sorted((t["start_date"], t["end_date"]) for t in tis if t["task_id"] == "extract")
     assert state == "success", (summary, cluster.logs("worker"), cluster.logs("scheduler"))
 
     # mapped extraction ran in pool gpu on queue gpu, one instance per shard
@@ -58,6 +59,8 @@ def test_triggered_run_succeeds_with_artifacts_in_s3(cluster, tmp_path, s3_bucke
     assert sorted(i for _, i in extract) == [0, 1]
     assert all(v == ("success", "gpu", "gpu") for v in extract.values()), extract
     assert summary[("tokenize", 0)][0] == "success" and summary[("tokenize", 1)][0] == "success"
+    # pool gpu has one slot: the worker (concurrency 2) never ran the two shards at once
+    assert spans[0][1] <= spans[1][0], spans
 
     # artifacts landed in S3
     run_files = storage.list_files(f"{root}/runs/eagle3_train/{run_id}")
