@@ -43,7 +43,7 @@ airflow: airflow-home
 	$(BIN)/airflow standalone
 
 test: airflow-home
-	$(BIN)/python -m pytest tests -q -x --timeout=1800
+	$(BIN)/python -m pytest tests -q --timeout=1800 --durations=25
 
 clean:
 	rm -rf $(VENV) $(AIRFLOW_HOME) artifacts
