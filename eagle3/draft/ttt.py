@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from eagle3.evaluate.metrics import simulated_acceptance_length as sim_accept_len  # one definition
+
 from eagle3.draft.model import Eagle3Draft
 
 DEFAULT_TTT_LENGTH = 7
@@ -59,13 +61,6 @@ def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torc
             torch.cat(in_draft).reshape(shape) if in_draft else torch.zeros(shape, dtype=torch.bool))
 
 
-def sim_accept_len(acc: list[float]) -> float:
-    """Simulated acceptance length 1 + sum_k prod_{j<=k} acc_j (chain, greedy)."""
-    total, run = 1.0, 1.0
-    for a in acc:
-        run *= a
-        total += run
-    return total
 
 
 @dataclass
