@@ -45,6 +45,7 @@ class Cluster:
 
     def __init__(self, home: Path, s3_endpoint: str, extra_env: dict[str, str] | None = None):
         self.home = home
+        home.mkdir(parents=True, exist_ok=True)
         self.db = f"eagle3_it_{uuid.uuid4().hex[:8]}"
         self.api_port = free_port()
         self.redis_db = 7

@@ -19,7 +19,6 @@ pytestmark = [pytest.mark.integration]
 @pytest.fixture
 def cluster(tmp_path, s3_endpoint):
     c = Cluster(tmp_path / "airflow", s3_endpoint, extra_env={"EAGLE3_RETRY_DELAY_S": "2"})
-    (tmp_path / "airflow").mkdir(exist_ok=True)
     c.start()
     yield c
     c.stop()
