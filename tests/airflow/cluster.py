@@ -62,7 +62,7 @@ class Cluster:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__CORE__EXECUTOR": "airflow.providers.celery.executors.celery_executor.CeleryExecutor",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": pg,
             "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:6379/{self.redis_db}",
             "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql://postgres@127.0.0.1:5432/{self.db}",
