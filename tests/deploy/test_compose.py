@@ -82,7 +82,7 @@ class TestComposeConfig:
             assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == values["AIRFLOW_JWT_SECRET"], name
             assert env["AIRFLOW__API__SECRET_KEY"] == values["AIRFLOW_SECRET_KEY"], name
             assert env["AIRFLOW__CORE__FERNET_KEY"] == values["AIRFLOW_FERNET_KEY"], name
-            assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor", name
+            assert env["AIRFLOW__CORE__EXECUTOR"] .endswith("CeleryExecutor"), name
             assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://redis:"), name
             assert values["POSTGRES_PASSWORD"] in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], name
             assert env["EAGLE3_ARTIFACTS"] == "s3://eagle3/artifacts", name
