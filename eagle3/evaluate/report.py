@@ -133,16 +133,24 @@ def plot_training(curves: dict) -> bytes:
     return _png(fig)
 
 
-def plot_acceptance(rates: list) -> bytes:
+def plot_acceptance(rates: list | dict[str, list]) -> bytes:
+    """Bars of P(accepted | reached) by draft position; one group member per prompt set."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.4))
-    pos = list(range(1, len(rates) + 1))
-    ax.bar(pos, [r if r is not None else 0 for r in rates], color="C2")
-    for p, r in zip(pos, rates):
-        ax.text(p, (r or 0) + 0.02, "n/a" if r is None else f"{r:.2f}", ha="center", fontsize=8)
+    by_set = rates if isinstance(rates, dict) else {"": rates}
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    n = max(len(r) for r in by_set.values())
+    pos = list(range(1, n + 1))
+    width = 0.8 / len(by_set)
+    for j, (name, r) in enumerate(by_set.items()):
+        xs = [p - 0.4 + width * (j + 0.5) for p in pos[: len(r)]]
+        ax.bar(xs, [v if v is not None else 0 for v in r], width=width, color=f"C{j + 2}", label=name or None)
+        for x, v in zip(xs, r):
+            ax.text(x, (v or 0) + 0.02, "n/a" if v is None else f"{v:.2f}", ha="center", fontsize=7)
+    if len(by_set) > 1:
+        ax.legend(fontsize=8, loc="upper right")
     ax.set(title="Acceptance rate by draft position", xlabel="draft position i",
-           ylabel="P(accepted | reached)", ylim=(0, 1.1), xticks=pos)
+           ylabel="P(accepted | reached)", ylim=(0, 1.15), xticks=pos)
     return _png(fig)
 
 
@@ -190,7 +198,8 @@ def write_report(out: str, *, prepared: str | None = None, stats_dir: str | None
     decision = _json(storage.join(evaluation, "publish.json")) if evaluation else None
     sglang = _json(storage.join(evaluation, "sglang_report.json")) if evaluation else None
     if ev and ev.get("accept_rate_by_position"):
-        plots["acceptance.png"] = plot_acceptance(ev["accept_rate_by_position"])
+        sets = ev.get("sets") or {ev.get("prompts_source") or "": ev}
+        plots["acceptance.png"] = plot_acceptance({n: s["accept_rate_by_position"] for n, s in sets.items()})
     if not ev:
         missing.append("evaluation (no EVAL/report.json)")
     if not decision:

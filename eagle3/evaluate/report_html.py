@@ -56,12 +56,16 @@ def render_html(report: dict, plots: dict[str, bytes]) -> str:
             ["tokens/s baseline", ev.get("tokens_per_s_base")],
             ["speedup", ev.get("speedup")],
             ["offline simulated τ at k (trainer, held-out)", cmp.get("sim_tau")],
-            ["prompts", f"{ev.get('num_prompts')} from {ev.get('prompts_source')}"],
+            ["prompts (headline set)", f"{ev.get('num_prompts')} from {ev.get('prompts_source')}"],
             ["backend / device", f"{ev.get('backend')} / {ev.get('device')} ({ev.get('dtype')})"],
         ]))
-        rates = ev.get("accept_rate_by_position") or []
-        parts.append(_table(["draft position", *[str(i + 1) for i in range(len(rates))]],
-                            [["P(accepted | reached)", *rates]]))
+        sets = ev.get("sets") or {ev.get("prompts_source"): ev}
+        k = max(len(s.get("accept_rate_by_position") or []) for s in sets.values())
+        parts.append(_table(["prompt set", "prompts", "τ", "tok/s spec", "tok/s base", "speedup",
+                             *[f"P(accept) pos {i + 1}" for i in range(k)]],
+                            [[name, s.get("num_prompts"), s.get("acceptance_length"), s.get("tokens_per_s_spec"),
+                              s.get("tokens_per_s_base"), s.get("speedup"), *(s.get("accept_rate_by_position") or [])]
+                             for name, s in sets.items()]))
     else:
         parts.append("<p class='muted'>No evaluation yet.</p>")
     parts.append(_img(plots, "acceptance.png", "acceptance rate by position"))

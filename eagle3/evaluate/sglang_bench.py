@@ -54,7 +54,8 @@ class SGLangBenchConfig:
     out: str
     """Output dir for sglang_report.json (local or s3://)."""
     prompts: str = "humaneval"
-    """"humaneval" or a prompts JSONL (see eagle3.evaluate.prompts)."""
+    """Comma-separated prompt sets: "humaneval", "chat" or prompts JSONL files (see eagle3.evaluate.prompts);
+    all are sent, τ is reported over all of them and per set."""
     algorithm: str = "EAGLE3"
     """--speculative-algorithm."""
     num_steps: int = 3
@@ -223,15 +224,22 @@ class SGLangBenchmark:
         return out
 
     def run(self) -> dict:
-        from eagle3.evaluate.prompts import encode_prompt, load_prompts
+        from eagle3.evaluate.prompts import encode_prompt, load_prompt_sets
         from eagle3.target import load_tokenizer
 
         cfg = self.cfg
-        prompts = load_prompts(cfg.prompts, cfg.limit)
+        sets = load_prompt_sets(cfg.prompts, cfg.limit)
         tokenizer = load_tokenizer(cfg.target)
-        ids = [encode_prompt(tokenizer, p) for p in prompts]
+        names = [name for name, ps in sets.items() for _ in ps]
+        ids = [encode_prompt(tokenizer, p) for ps in sets.values() for p in ps]
         base = self.run_phase("baseline", ids)
         spec = self.run_phase("eagle3", ids)
+        per_set = {}
+        for name in sets:
+            rows = [r for n, r in zip(names, spec["requests"]) if n == name]
+            verify = sum(r["spec_verify_ct"] for r in rows)
+            per_set[name] = {"num_prompts": len(rows), "acceptance_length":
+                             sum(r["completion_tokens"] for r in rows) / verify if verify else 0.0}
         tau, server_tau = spec["acceptance_length"], spec["server_accept_length"]
         gap = abs(tau - server_tau) / tau if server_tau is not None and tau else None
         agree = gap is not None and gap <= cfg.cross_check_tolerance
@@ -245,7 +253,7 @@ class SGLangBenchmark:
             "speedup": spec["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0,
             "identical_outputs": same, "num_prompts": len(ids), "steps": cfg.num_steps,
             "max_new_tokens": cfg.max_new_tokens, "concurrency": cfg.concurrency,
-            "target": cfg.target, "draft": cfg.draft, "prompts_source": cfg.prompts,
+            "target": cfg.target, "draft": cfg.draft, "prompts_source": cfg.prompts, "sets": per_set,
             "phases": {"baseline": base, "eagle3": spec},
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }

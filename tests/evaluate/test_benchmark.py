@@ -58,6 +58,25 @@ def test_evaluate_writes_a_lossless_report(tiny_llama_dir, tiny_draft, prompts, 
     assert report["sim_accept_len_k"] == pytest.approx(1 + 0.5 + 0.5 * 0.4)  # its acc_0, acc_1 over k=3 steps
 
 
+def test_evaluate_reports_each_prompt_set(tiny_llama_dir, tiny_draft, prompts, tmp_path):
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"prompt": "Name a colour."}) + "\n")
+    cfg = EvaluateConfig(target=tiny_llama_dir, draft=tiny_draft, out=str(tmp_path / "eval"),
+                         prompts=f"{prompts},{other}", limit=2, max_new_tokens=12, device="cpu")
+    evaluate(cfg)
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert list(report["sets"]) == [prompts, str(other)] and report["primary_set"] == prompts
+    assert [p["set"] for p in report["prompts"]] == [prompts, prompts, str(other)]
+    for name, s in report["sets"].items():
+        rows = [p for p in report["prompts"] if p["set"] == name]
+        steps = sum(p["verifications"] for p in rows)
+        assert s["acceptance_length"] == pytest.approx(sum(p["new_tokens"] - 1 for p in rows) / steps)
+        assert s["num_prompts"] == len(rows)
+    # the headline figures are the first set's, not a mix of both
+    assert report["acceptance_length"] == report["sets"][prompts]["acceptance_length"]
+    assert report["num_prompts"] == 2
+
+
 def test_evaluate_fails_loudly_on_a_mismatch(tiny_llama_dir, tiny_draft, prompts, tmp_path, monkeypatch):
     from eagle3.evaluate import spec_decode
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from eagle3.errors import InputError
-from eagle3.evaluate.prompts import encode_prompt, load_prompts
+from eagle3.evaluate.prompts import encode_prompt, load_prompt_sets, load_prompts
 
 
 def test_humaneval_from_the_package():
@@ -16,6 +16,28 @@ def test_humaneval_from_the_package():
     assert len(prompts) == 164 and prompts[0].id == "HumanEval/0"
     assert "def has_close_elements" in prompts[0].messages[-1]["content"]
     assert [p.id for p in load_prompts("humaneval", limit=3)] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+
+
+def test_bundled_chat_set_is_held_out_of_the_demo_corpus():
+    from eagle3.demo_corpus import DATASETS, _records
+
+    chat = load_prompts("chat")
+    assert len(chat) == 30 and all(p.messages[-1]["role"] == "user" for p in chat)
+    trained = {m["content"] for name in DATASETS for r in _records(name, 200, 42)
+               for m in r.get("messages", []) if m["role"] == "user"}
+    assert not trained & {p.messages[-1]["content"] for p in chat}
+
+
+def test_prompt_sets_keep_order_and_limit_each(tmp_path):
+    p = tmp_path / "mine.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(5)))
+    sets = load_prompt_sets(f"humaneval, {p}", limit=2)
+    assert list(sets) == ["humaneval", str(p)]  # the first is the headline set
+    assert [x.id for x in sets[str(p)]] == ["mine.jsonl:1", "mine.jsonl:2"] and len(sets["humaneval"]) == 2
+    with pytest.raises(InputError, match="names a set twice"):
+        load_prompt_sets("chat,chat")
+    with pytest.raises(InputError, match="names no prompt set"):
+        load_prompt_sets(" , ")
 
 
 def test_jsonl_prompt_and_messages(tmp_path):
