@@ -6,12 +6,11 @@ and an answer part with mask 1, 0.5% exact duplicates.
 
   (a) seed-style: json.loads every line into Python lists, truncate, drop samples without
       loss tokens, random.shuffle, json.dumps every line (what existing scripts do)
-  (b) eagle3: read the JSONL with a fast reader (numpy parses each integer list in C)
-      into the prepared tokenized.parquet format (content ids, counts): a one-time ingest,
-      like `eagle3 tokenize`; then eagle3.merge.merge (truncate, no-loss drop, dedupe,
-      seeded shuffle, Parquet + manifest), which is what re-runs with a new seed,
-      max_seq_len or drop list (truncate,
-      no-loss drop, dedupe, seeded bucketed shuffle, Parquet + manifest)
+  (b) eagle3: the product's own path. `eagle3 tokenize` ingests the seed JSONL as a
+      `tokenized` dataset once (validates every record, content ids, counts, rejects,
+      fingerprint) into PREP/bench/tokenized.parquet; then `eagle3 merge` (truncate,
+      no-loss drop, dedupe, seeded bucketed shuffle, Parquet + manifest), which is the
+      part a re-run with a new seed, max_seq_len or drop list repeats
 
 Each step runs in its own subprocess; wall time, CPU time and peak RSS come from
 os.wait4 on that child. Prints per size: seconds, s per million tokens, peak RSS, and
@@ -33,6 +32,7 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKENIZER = "smollm2-135m-instruct"  # the ingest checks ids against its vocab (49,152)
 
 
 def generate(path: str, n: int, seed: int, mean_len: int) -> int:
@@ -76,81 +76,12 @@ def seed_style(src: str, out: str, max_len: int, seed: int) -> None:
             f.write(json.dumps(s) + "\n")
 
 
-def _parse_line(line: bytes, key: bytes, dtype):
-    """The integer list after `key` in one seed-format line, parsed in C by np.fromstring.
-
-    A 0/1 mask ("0, 1, 1" from json.dumps, or "0,1,1") has its digits at every third
-    (second) byte, so it is read by striding instead of parsing, after checking that shape."""
-    import numpy as np
-
-    a = line.index(b"[", line.index(key)) + 1
-    b = line.index(b"]", a)
-    body = line[a:b]
-    if dtype == np.uint8 and len(body) > 2:
-        step = 3 if body[2] == 32 else 2  # ", " (json.dumps) or "," separators
-        digits, seps = body[0::step], body[1::step]
-        if (len(body) % step == 1 and not digits.translate(None, b"01") and seps.count(b",") == len(seps)
-                and (step == 2 or body[2::3].count(b" ") == len(seps))):
-            return np.frombuffer(digits, np.uint8) - np.uint8(48)
-    values = np.fromstring(body, dtype=dtype, sep=",") if body.strip() else np.zeros(0, dtype)
-    if len(values) != body.count(b",") + (1 if body.strip() else 0):  # fromstring stops at garbage
-        raise ValueError(f"not a flat list of integers after {key!r}")
-    return values
-
-
-def read_seed_jsonl(src: str, rows_per_table: int = 1024):
-    """Seed JSONL -> Arrow tables in the prepared format, without Python lists of tokens.
-
-    Each line's two integer lists are parsed by numpy in C; a line that does not look
-    like the plain seed format falls back to json.loads."""
-    import numpy as np
-    import pyarrow as pa
-
-    from eagle3.merge_arrays import tokenized_table
-
-    def table(ids, masks):
-        off = np.zeros(len(ids) + 1, np.int32)
-        np.cumsum([len(x) for x in ids], out=off[1:])
-        offsets = pa.array(off)
-        return tokenized_table(pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(ids), pa.int32())),
-                               pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(masks), pa.uint8())),
-                               "bench")
-
-    ids, masks = [], []
-    with open(src, "rb") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                i, m = _parse_line(line, b'"input_ids"', np.int32), _parse_line(line, b'"loss_mask"', np.uint8)
-            except ValueError:
-                d = json.loads(line)
-                i, m = np.array(d["input_ids"], np.int32), np.array(d["loss_mask"], np.uint8)
-            ids.append(i)
-            masks.append(m)
-            if len(ids) == rows_per_table:
-                yield table(ids, masks)
-                ids, masks = [], []
-    if ids:
-        yield table(ids, masks)
-
-
-def jsonl_to_prepared(src: str, prep: str, name: str = "bench") -> None:
-    """Seed JSONL -> PREP/<name>/tokenized.parquet, streaming."""
-    import pyarrow.parquet as pq
-
-    os.makedirs(os.path.join(prep, name), exist_ok=True)
-    writer = None
-    for table in read_seed_jsonl(src):
-        if writer is None:
-            writer = pq.ParquetWriter(os.path.join(prep, name, "tokenized.parquet"), table.schema,
-                                      compression="zstd", use_dictionary=["source"])
-        writer.write_table(table)
-    writer.close()
-
-
 def convert_child(src: str, workdir: str) -> None:
-    jsonl_to_prepared(src, os.path.join(workdir, "prep"))
+    """`eagle3 tokenize` on a `tokenized` dataset: what a user runs once to ingest seed-format JSONL."""
+    from eagle3.tokenize.stage import TokenizeConfig, tokenize_dataset
+
+    tokenize_dataset(TokenizeConfig(name="bench", source=src, format="tokenized", tokenizer=TOKENIZER,
+                                    out=os.path.join(workdir, "prep")))
 
 
 def merge_child(workdir: str, max_len: int, seed: int) -> None:

@@ -1,0 +1,128 @@
+"""Compact hidden-state storage against the bf16 baseline: bytes per token and acceptance length.
+
+For each storage option (bf16, fp8, fp8-topk) this runs the same pipeline on the
+same merged dataset and vocab map, with the same seed and settings:
+
+  eagle3 extract --storage S  ->  eagle3 train  ->  eagle3 export  ->  eagle3 evaluate
+
+and prints, side by side from this one run: stored bytes per token, the trainer's
+held-out simulated τ, the real τ of speculative decoding on each prompt set, and
+the relative τ difference to bf16 (the goal: compact within 2%, at <= 4H+8 bytes).
+
+Inputs come from a finished `make demo` run (its merged/ and vocab/ folders):
+
+  .venv/bin/python bench/storage_acceptance_bench.py --run artifacts/runs/eagle3_train/<run_id>
+  .venv/bin/python bench/storage_acceptance_bench.py --run RUN --storages bf16,fp8 --epochs 1 --limit 3
+
+Each stage runs as its own `eagle3` process; everything is written under --workdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EAGLE3 = [sys.executable, "-m", "eagle3.cli"]
+
+
+def run(args: list[str], log_path: str) -> float:
+    """Run one eagle3 subcommand; its output goes to log_path. Returns wall seconds."""
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        code = subprocess.call(EAGLE3 + args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                               env={**os.environ, "PYTHONPATH": REPO})
+    if code:
+        raise SystemExit(f"`eagle3 {' '.join(args[:1])}` failed (exit {code}); see {log_path}")
+    return time.monotonic() - t0
+
+
+def store_dir(root: str) -> str:
+    """The one store folder `eagle3 extract` created under root."""
+    found = [d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "store.json"))]
+    if len(found) != 1:
+        raise SystemExit(f"expected one store under {root}, found {found}")
+    return os.path.join(root, found[0])
+
+
+def bytes_per_token(store: str) -> float:
+    """Shard bytes on disk (headers included) over the tokens the shard indexes list."""
+    total = tokens = 0
+    for f in os.listdir(store):
+        if f.startswith("index-") and f.endswith(".json"):
+            for shard, entry in json.load(open(os.path.join(store, f))).items():
+                total += os.path.getsize(os.path.join(store, shard))
+                tokens += int(entry["tokens"])
+    return total / tokens if tokens else float("nan")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run", required=True, help="a finished eagle3_train run folder (holds merged/ and vocab/)")
+    p.add_argument("--storages", default="bf16,fp8,fp8-topk")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--ttt-length", type=int, default=3)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--token-budget", type=int, default=1024)
+    p.add_argument("--prompts", default="humaneval,chat")
+    p.add_argument("--limit", type=int, default=5, help="prompts per set")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--workdir", default="/tmp/eagle3-storage-bench")
+    args = p.parse_args()
+
+    merged, vocab = os.path.join(args.run, "merged"), os.path.join(args.run, "vocab")
+    for path in (merged, vocab):
+        if not os.path.isdir(path):
+            raise SystemExit(f"{path} is missing: pass --run a finished eagle3_train run folder")
+    rows = []
+    for storage in args.storages.split(","):
+        work = os.path.join(args.workdir, storage)
+        os.makedirs(work, exist_ok=True)
+        times = {}
+        times["extract"] = run(["extract", "--merged", merged, "--model", args.model, "--out",
+                                os.path.join(work, "store"), "--storage", storage], os.path.join(work, "extract.log"))
+        store = store_dir(os.path.join(work, "store"))
+        times["train"] = run(["train", "--store", store, "--vocab", vocab, "--merged", merged, "--out",
+                              os.path.join(work, "ckpt"), "--epochs", str(args.epochs), "--ttt-length",
+                              str(args.ttt_length), "--lr", str(args.lr), "--token-budget", str(args.token_budget),
+                              "--seed", "0"], os.path.join(work, "train.log"))
+        times["export"] = run(["export", "--checkpoint", os.path.join(work, "ckpt"), "--out",
+                               os.path.join(work, "draft")], os.path.join(work, "export.log"))
+        times["evaluate"] = run(["evaluate", "--target", args.model, "--draft", os.path.join(work, "draft"),
+                                 "--prompts", args.prompts, "--limit", str(args.limit), "--max-new-tokens",
+                                 str(args.max_new_tokens), "--steps", str(args.steps), "--checkpoint",
+                                 os.path.join(work, "ckpt"), "--out", os.path.join(work, "eval")],
+                                os.path.join(work, "evaluate.log"))
+        report = json.load(open(os.path.join(work, "eval", "report.json")))
+        info = json.load(open(os.path.join(store, "store.json")))
+        row = {"storage": storage, "bytes_per_token": bytes_per_token(store), "hidden_size": info.get("hidden_size"),
+               "sim_tau": report.get("sim_accept_len_k"), "lossless": report["lossless"],
+               "tau": {name: s["acceptance_length"] for name, s in report["sets"].items()}, "seconds": times}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    base = next((r for r in rows if r["storage"] == "bf16"), rows[0])
+    h = base["hidden_size"]
+    sets = list(base["tau"])
+    print(f"\nstorage bench: {args.model} (H={h}), {args.epochs} epochs, TTT {args.ttt_length}, k={args.steps}, "
+          f"{args.limit} prompts x {args.max_new_tokens} tokens per set; goal: <= 4H+8 = {4 * h + 8} B/token "
+          f"and τ within 2% of {base['storage']}")
+    print(f"{'storage':>9} {'B/token':>8} {'vs bf16':>7} | {'sim τ':>6} | "
+          + " | ".join(f"{'τ ' + s[:10]:>13} {'Δ':>6}" for s in sets) + " | lossless")
+    for r in rows:
+        cells = []
+        for s in sets:
+            t, t0 = r["tau"].get(s), base["tau"].get(s)
+            cells.append(f"{t:>13.3f} {100 * (t - t0) / t0:>+5.1f}%" if t and t0 else f"{'-':>13} {'-':>6}")
+        print(f"{r['storage']:>9} {r['bytes_per_token']:>8.0f} {r['bytes_per_token'] / base['bytes_per_token']:>7.2f} | "
+              f"{r['sim_tau'] or float('nan'):>6.3f} | " + " | ".join(cells) + f" | {r['lossless']}")
+
+
+if __name__ == "__main__":
+    main()
