@@ -66,7 +66,7 @@ def main() -> int:
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             log.write(line)
-            if any(k in line for k in ("[DAG TEST] running task", "ETA", "Marking task as", "ERROR", "Traceback",
+            if any(k in line for k in ("[DAG TEST] running task", "ETA", "done in", "Marking task as", "ERROR", "Traceback",
                                        "error:", "τ", "acceptance")):
                 print(line.rstrip()[:300], flush=True)
         code = proc.wait()

@@ -23,8 +23,11 @@ class Progress:
     >>> p.finish()
     """
 
-    def __init__(self, stage: str, total_samples: int, total_tokens: int, every_s: float = 10.0, logger=None):
+    def __init__(self, stage: str, total_samples: int, total_tokens: int, every_s: float = 10.0, logger=None,
+                 tokens_are_upper_bound: bool = False):
         self.stage = stage
+        # Generation only knows max_tokens per sample: project the total from the samples done instead.
+        self.tokens_are_upper_bound = tokens_are_upper_bound
         self.total_samples = total_samples
         self.total_tokens = max(total_tokens, 1)
         self.every_s = every_s
@@ -42,16 +45,26 @@ class Progress:
             self._last = now
             self.log.info(self.line())
 
+    def expected_tokens(self) -> int:
+        if self.tokens_are_upper_bound and self.samples and self.total_samples:
+            projected = round(self.tokens / self.samples * self.total_samples)
+            return max(min(projected, self.total_tokens), self.tokens, 1)
+        return self.total_tokens
+
     def line(self) -> str:
         elapsed = max(time.monotonic() - self.start, 1e-9)
         rate = self.tokens / elapsed
-        left = (self.total_tokens - self.tokens) / rate if rate > 0 else float("inf")
+        total = self.expected_tokens()
+        left = (total - self.tokens) / rate if rate > 0 else float("inf")
         eta = fmt_duration(left) if left != float("inf") else "?"
+        approx = "~" if self.tokens_are_upper_bound else ""
         return (
             f"{self.stage}: {self.samples}/{self.total_samples} samples, "
-            f"{self.tokens}/{self.total_tokens} tokens ({100 * self.tokens / self.total_tokens:.1f}%), "
+            f"{self.tokens}/{approx}{total} tokens ({100 * self.tokens / total:.1f}%), "
             f"{rate:,.0f} tok/s, elapsed {fmt_duration(elapsed)}, ETA {eta}"
         )
 
     def finish(self) -> None:
-        self.log.info(self.line().replace("ETA", "done; ETA"))
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        self.log.info(f"{self.stage}: {self.samples}/{self.total_samples} samples, {self.tokens} tokens, "
+                      f"{self.tokens / elapsed:,.0f} tok/s, done in {fmt_duration(elapsed)}")
