@@ -24,7 +24,7 @@ DEMO_CONF = {
     "max_seq_len": 1024,
     "draft_vocab_size": 2048,
     "ttt_length": 3,
-    "epochs": 2,
+    "epochs": 3,
     "lr": 2e-3,
     "token_budget": 1024,
     "extract_shards": 2,
@@ -93,7 +93,9 @@ def summarize(artifacts: Path) -> int:
     if report.exists():
         r = json.loads(report.read_text())
         sim = r.get("sim_accept_len_k")
-        for name, s in (r.get("sets") or {r.get("prompts_source"): r}).items():
+        from eagle3.evaluate.metrics import ordered_sets
+
+        for name, s in ordered_sets(r):
             print(f"--- evaluation on {name} ({s.get('num_prompts', '?')} prompts x {r.get('max_new_tokens')} "
                   f"tokens, k={r.get('steps')} draft steps) ---")
             print(f"acceptance length tau = {s['acceptance_length']:.3f}")

@@ -60,7 +60,7 @@ FAMILIES = [
     Family(("max_difference", "largest_spread", "value_range"), "numbers: List[int]", "int",
            "Return the difference between the largest and the smallest number.\n    The list is not empty.",
            "return max(numbers) - min(numbers)", lambda xs: max(xs) - min(xs), lambda r: (_ints(r),)),
-    Family(("remove_duplicates", "unique_in_order", "dedupe"), "numbers: List[int]", "List[int]",
+    Family(("keep_first_occurrences", "unique_in_order", "dedupe"), "numbers: List[int]", "List[int]",
            "Return the numbers without repeats, keeping the first occurrence of each.",
            "seen = set()\n    out = []\n    for x in numbers:\n        if x not in seen:\n            seen.add(x)\n"
            "            out.append(x)\n    return out",
@@ -86,7 +86,7 @@ FAMILIES = [
            "Rotate the list k places to the left and return it.",
            "if not items:\n        return []\n    k %= len(items)\n    return items[k:] + items[:k]",
            lambda xs, k: xs[k % len(xs):] + xs[:k % len(xs)], lambda r: (_ints(r, 0, 9), r.randint(1, 4))),
-    Family(("is_sorted", "in_ascending_order"), "numbers: List[int]", "bool",
+    Family(("is_non_decreasing", "in_ascending_order"), "numbers: List[int]", "bool",
            "Return True if the numbers are in non-decreasing order.",
            "return all(a <= b for a, b in zip(numbers, numbers[1:]))",
            lambda xs: all(a <= b for a, b in zip(xs, xs[1:])),
@@ -107,7 +107,7 @@ FAMILIES = [
            "Return how many positive integers divide n exactly.",
            "return sum(1 for d in range(1, n + 1) if n % d == 0)",
            lambda n: sum(1 for d in range(1, n + 1) if n % d == 0), lambda r: (r.randint(1, 60),)),
-    Family(("is_prime", "prime_check"), "n: int", "bool",
+    Family(("prime_check", "check_prime"), "n: int", "bool",
            "Return True if n is a prime number.",
            "if n < 2:\n        return False\n    for d in range(2, int(n ** 0.5) + 1):\n        if n % d == 0:\n"
            "            return False\n    return True",

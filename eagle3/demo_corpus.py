@@ -14,7 +14,7 @@
                                     demo_code_tasks.py)
 
 Everything is deterministic from --seed. --scale multiplies the sample counts; scale 1 is about
-1,700 conversations and 0.4M SmolLM2 tokens, small enough to extract and train on 2 CPU cores.
+2,550 conversations and 0.7M SmolLM2 tokens, small enough to extract and train on 2 CPU cores.
 Answers are computed by code (a later stage may regenerate them with the target). No HumanEval
 content: it is the held-out benchmark.
 
@@ -37,12 +37,12 @@ from eagle3.errors import InputError
 
 # name -> (samples at scale 1, format, file, category)
 DATASETS = {
-    "arithmetic": (560, "messages", "data/arithmetic.jsonl", "math"),
-    "instructions": (460, "sharegpt", "data/instructions.jsonl.gz", "instruction_following"),
+    "arithmetic": (250, "messages", "data/arithmetic.jsonl", "math"),
+    "instructions": (250, "sharegpt", "data/instructions.jsonl.gz", "instruction_following"),
     "chat": (300, "messages", "data/chat.parquet", "chat"),
-    "tools": (320, "messages", "data/tools.jsonl", "tool_use"),
-    "long_reports": (125, "messages", "data/long_reports.jsonl", "long_context"),
-    "coding": (300, "messages", "data/coding.jsonl", "code"),
+    "tools": (150, "messages", "data/tools.jsonl", "tool_use"),
+    "long_reports": (200, "messages", "data/long_reports.jsonl", "long_context"),
+    "coding": (200, "messages", "data/coding.jsonl", "code"),
     "code_completion": (1200, "messages", "data/code_completion.jsonl", "code"),
 }
 # Small Python tasks, written for this corpus (not from HumanEval, the held-out benchmark):

@@ -222,6 +222,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         "lossless": not bad,
         "primary_set": primary,
         "sets": sets,
+        "set_order": list(sets),
         "steps": cfg.steps,
         "max_new_tokens": cfg.max_new_tokens,
         "sim_accept_len": offline["sim_accept_len"] if offline else None,

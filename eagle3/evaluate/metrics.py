@@ -53,3 +53,16 @@ def simulated_acceptance_length(acc: list[float]) -> float:
         prod *= a
         total += prod
     return total
+
+
+def ordered_sets(report: dict) -> list[tuple[str, dict]]:
+    """(name, summary) of each prompt set of an evaluate report.json, headline set first.
+
+    JSON files are written with sorted keys, so the order lives in ``set_order``; a
+    report from before prompt sets existed is one set named by its prompts_source.
+    """
+    sets = report.get("sets")
+    if not sets:
+        return [(str(report.get("prompts_source")), report)]
+    order = [n for n in report.get("set_order") or [] if n in sets]
+    return [(n, sets[n]) for n in order + sorted(set(sets) - set(order))]

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from eagle3 import storage
+from eagle3.evaluate.metrics import ordered_sets
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +199,7 @@ def write_report(out: str, *, prepared: str | None = None, stats_dir: str | None
     decision = _json(storage.join(evaluation, "publish.json")) if evaluation else None
     sglang = _json(storage.join(evaluation, "sglang_report.json")) if evaluation else None
     if ev and ev.get("accept_rate_by_position"):
-        sets = ev.get("sets") or {ev.get("prompts_source") or "": ev}
-        plots["acceptance.png"] = plot_acceptance({n: s["accept_rate_by_position"] for n, s in sets.items()})
+        plots["acceptance.png"] = plot_acceptance({n: s["accept_rate_by_position"] for n, s in ordered_sets(ev)})
     if not ev:
         missing.append("evaluation (no EVAL/report.json)")
     if not decision:

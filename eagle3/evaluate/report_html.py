@@ -7,6 +7,8 @@ import base64
 import html
 from typing import Any
 
+from eagle3.evaluate.metrics import ordered_sets
+
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1100px;color:#222}
 h1{font-size:1.4em} h2{font-size:1.1em;margin-top:1.6em;border-bottom:1px solid #ddd}
@@ -59,7 +61,7 @@ def render_html(report: dict, plots: dict[str, bytes]) -> str:
             ["prompts (headline set)", f"{ev.get('num_prompts')} from {ev.get('prompts_source')}"],
             ["backend / device", f"{ev.get('backend')} / {ev.get('device')} ({ev.get('dtype')})"],
         ]))
-        sets = ev.get("sets") or {ev.get("prompts_source"): ev}
+        sets = dict(ordered_sets(ev))
         k = max(len(s.get("accept_rate_by_position") or []) for s in sets.values())
         parts.append(_table(["prompt set", "prompts", "τ", "tok/s spec", "tok/s base", "speedup",
                              *[f"P(accept) pos {i + 1}" for i in range(k)]],

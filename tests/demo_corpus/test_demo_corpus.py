@@ -91,7 +91,7 @@ def test_arithmetic_steps_and_answers_are_correct(corpus):
         left = start + packs * per - sold
         assert f"each friend gets {left // people} " in answer and f"and {left % people} are left over" in answer
         checked += 1
-    assert checked >= 500
+    assert checked >= 240  # every arithmetic record (250 at scale 1)
 
 
 def test_instruction_answers_meet_their_format_constraints(corpus):
@@ -159,7 +159,7 @@ def test_deterministic_from_the_seed(corpus, tmp_path):
         assert (corpus / rel).read_bytes() == (tmp_path / "same" / rel).read_bytes()
     assert pq.read_table(corpus / "data/chat.parquet").equals(pq.read_table(tmp_path / "same/data/chat.parquet"))
     other = load(tmp_path / "other")
-    assert len(other["arithmetic"]) == 56 and other["arithmetic"][0] != load(corpus)["arithmetic"][0]
+    assert len(other["arithmetic"]) == 25 and other["arithmetic"][0] != load(corpus)["arithmetic"][0]
 
 
 def test_no_humaneval_content(corpus):

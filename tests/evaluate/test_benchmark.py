@@ -65,7 +65,9 @@ def test_evaluate_reports_each_prompt_set(tiny_llama_dir, tiny_draft, prompts, t
                          prompts=f"{prompts},{other}", limit=2, max_new_tokens=12, device="cpu")
     evaluate(cfg)
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
-    assert list(report["sets"]) == [prompts, str(other)] and report["primary_set"] == prompts
+    assert report["set_order"] == [prompts, str(other)] and report["primary_set"] == prompts
+    from eagle3.evaluate.metrics import ordered_sets
+    assert [name for name, _ in ordered_sets(report)] == [prompts, str(other)]  # keys are sorted on disk
     assert [p["set"] for p in report["prompts"]] == [prompts, prompts, str(other)]
     for name, s in report["sets"].items():
         rows = [p for p in report["prompts"] if p["set"] == name]
