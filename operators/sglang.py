@@ -30,14 +30,18 @@ class SGLangRegenerateOperator(RegenerateOperator):
     :param model_path: model for `--model-path` (defaults to `model`).
     :param tp: tensor-parallel size; also the number of GPUs leased.
     :param server_args: extra `sglang.launch_server` flags.
+    :param server_module: the module run as `python -m MODULE` (default `sglang.launch_server`); the
+        interpreter is $EAGLE3_SGLANG_PYTHON (the GPU image's SGLang venv) or this one.
     """
 
     def __init__(self, *, model_path: str | None = None, tp: int = 1, port: int = 30000,
-                 server_args: list[str] | None = None, server_conn_id: str | None = None, **kwargs: Any):
+                 server_args: list[str] | None = None, server_conn_id: str | None = None,
+                 server_module: str = "sglang.launch_server", **kwargs: Any):
         kwargs["backend"] = "openai"
         super().__init__(**kwargs)
         self.model_path, self.tp, self.port = model_path, tp, port
         self.server_args, self.server_conn_id = list(server_args or []), server_conn_id
+        self.server_module = server_module
         self._server = None
 
     def stage_env(self) -> dict[str, str]:
@@ -57,7 +61,8 @@ class SGLangRegenerateOperator(RegenerateOperator):
             return super().execute(context)
         with _lease_gpus(self.tp) as gpus:
             self._server = SGLangServer(self.model_path or self.model, tp=self.tp, port=self.port,
-                                        extra_args=self.server_args, gpus=None if gpus == "cpu" else gpus)
+                                        extra_args=self.server_args, gpus=None if gpus == "cpu" else gpus,
+                                        module=self.server_module)
             try:
                 self._server.start().wait_healthy(timeout=1800)
                 return super().execute(context)
@@ -77,6 +82,7 @@ class SGLangBenchmarkOperator(Eagle3Operator):
 
     :param speculative_num_steps / speculative_eagle_topk / speculative_num_draft_tokens:
         the `--speculative-*` flags.
+    :param server_module: as for SGLangRegenerateOperator.
     """
 
     template_fields = ("target", "draft", "out", "prompts", "limit", "max_new_tokens")
@@ -84,8 +90,10 @@ class SGLangBenchmarkOperator(Eagle3Operator):
     def __init__(self, *, target: str, draft: str, out: str, prompts: str = "humaneval", limit: int | str = 80,
                  max_new_tokens: int | str = 256, tp: int = 1, port: int = 30000,
                  speculative_num_steps: int = 3, speculative_eagle_topk: int = 1,
-                 speculative_num_draft_tokens: int = 4, server_args: list[str] | None = None, **kwargs: Any):
+                 speculative_num_draft_tokens: int = 4, server_args: list[str] | None = None,
+                 server_module: str = "sglang.launch_server", **kwargs: Any):
         super().__init__(**kwargs)
+        self.server_module = server_module
         self.target, self.draft, self.out, self.prompts = target, draft, out, prompts
         self.limit, self.max_new_tokens, self.tp, self.port = limit, max_new_tokens, tp, port
         self.num_steps, self.topk, self.num_draft = (speculative_num_steps, speculative_eagle_topk,
@@ -102,7 +110,7 @@ class SGLangBenchmarkOperator(Eagle3Operator):
                 target=self.target, draft=self.draft, out=self.out, prompts=self.prompts, limit=int(self.limit),
                 max_new_tokens=int(self.max_new_tokens), num_steps=self.num_steps, eagle_topk=self.topk,
                 num_draft_tokens=self.num_draft, tp=self.tp, port=self.port, extra_args=self.server_args,
-                gpus=None if gpus == "cpu" else list(gpus),
+                gpus=None if gpus == "cpu" else list(gpus), module=self.server_module,
             )
             self._bench = SGLangBenchmark(cfg)
             try:

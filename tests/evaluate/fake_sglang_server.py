@@ -81,6 +81,15 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"detail": "Not Found"})
 
     def do_POST(self):
+        if self.path == "/v1/chat/completions":  # the OpenAI-compatible API regeneration uses
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            last = req["messages"][-1]["content"]
+            answer = f"fake answer to: {last}"
+            return self._send(200, {"id": "c", "object": "chat.completion", "model": req.get("model"),
+                                    "choices": [{"index": 0, "finish_reason": "stop",
+                                                 "message": {"role": "assistant", "content": answer}}],
+                                    "usage": {"prompt_tokens": len(last.split()),
+                                              "completion_tokens": len(answer.split())}})
         if self.path != "/generate":
             return self._send(404, {"detail": "Not Found"})
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
