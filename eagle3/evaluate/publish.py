@@ -8,7 +8,9 @@ copies. A draft is published (copied there) only when all hold:
 
 1. its evaluation was lossless,
 2. speculation beat the baseline in tokens/s (same run, same prompts),
-3. its τ beats the best τ published before (the first draft only needs 1 and 2).
+3. its τ beats the best τ published before on the same benchmark: same target, headline
+   prompt set, draft steps k and max_new_tokens (τ from other benchmarks is not comparable;
+   the first draft on a benchmark only needs 1 and 2).
 
 Otherwise it is recorded with ``published: false`` and the reason. The
 decision (what was compared, and the outcome) is also written next to the
@@ -49,10 +51,23 @@ def read_registry(registry: str) -> dict:
     return doc
 
 
-def best_published(doc: dict) -> dict | None:
-    """The published entry with the highest τ, or None."""
-    published = [e for e in doc["entries"] if e.get("published")]
+BENCHMARK_FIELDS = ("target", "prompts_source", "steps", "max_new_tokens")
+
+
+def benchmark_of(report_or_entry: dict) -> dict:
+    """What a τ was measured on; two τ compare only when these are equal."""
+    return {k: report_or_entry.get(k) for k in BENCHMARK_FIELDS}
+
+
+def best_published(doc: dict, benchmark: dict | None = None) -> dict | None:
+    """The published entry with the highest τ (on ``benchmark`` when given), or None."""
+    published = [e for e in doc["entries"] if e.get("published")
+                 and (benchmark is None or benchmark_of(e) == benchmark)]
     return max(published, key=lambda e: e["acceptance_length"]) if published else None
+
+
+def _benchmark_text(b: dict) -> str:
+    return f"{b['prompts_source']}, k={b['steps']}, {b['max_new_tokens']} new tokens, target {b['target']}"
 
 
 def decide(report: dict, best: dict | None) -> tuple[bool, str]:
@@ -65,8 +80,8 @@ def decide(report: dict, best: dict | None) -> tuple[bool, str]:
     if best is not None and not tau > best["acceptance_length"]:
         return False, (f"τ {tau:.3f} does not beat the previous best {best['acceptance_length']:.3f} "
                        f"(entry {best['id']})")
-    prev = "no draft was published before" if best is None else \
-        f"beats the previous best τ {best['acceptance_length']:.3f} (entry {best['id']})"
+    prev = f"is the first draft published on this benchmark ({_benchmark_text(benchmark_of(report))})" \
+        if best is None else f"beats the previous best τ {best['acceptance_length']:.3f} (entry {best['id']})"
     return True, f"τ {tau:.3f} {prev}, and speculation is faster ({spec:.2f} vs {base:.2f} tok/s)"
 
 
@@ -96,8 +111,12 @@ def publish(report: str, draft: str, registry: str, run_id: str | None = None) -
     digest = storage.sha256_file(storage.local_path(weights))
     doc = read_registry(registry)
     again = next((e for e in doc["entries"] if e.get("sha256") == digest and e.get("published")), None)
-    best = best_published(doc)
+    benchmark = benchmark_of(rep)
+    best = best_published(doc, benchmark)
+    elsewhere = sum(1 for e in doc["entries"] if e.get("published") and benchmark_of(e) != benchmark)
     compared = {
+        "benchmark": benchmark,
+        "published_on_other_benchmarks": elsewhere,
         "acceptance_length": rep["acceptance_length"], "lossless": rep["lossless"],
         "tokens_per_s_spec": rep["tokens_per_s_spec"], "tokens_per_s_base": rep["tokens_per_s_base"],
         "speedup": rep.get("speedup"),
@@ -112,6 +131,8 @@ def publish(report: str, draft: str, registry: str, run_id: str | None = None) -
         storage.write_json(storage.join(_parent(report), "publish.json"), result)
         return result
     ok, reason = decide(rep, best)
+    if elsewhere:
+        reason += f"; {elsewhere} draft(s) published on other benchmarks were not compared"
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     entry_id = f"{stamp}-{digest[:12]}"
     if run_id:
@@ -125,11 +146,11 @@ def publish(report: str, draft: str, registry: str, run_id: str | None = None) -
         "decided_at": stamp, "acceptance_length": rep["acceptance_length"], "lossless": rep["lossless"],
         "tokens_per_s_spec": rep["tokens_per_s_spec"], "tokens_per_s_base": rep["tokens_per_s_base"],
         "speedup": rep.get("speedup"), "accept_rate_by_position": rep.get("accept_rate_by_position"),
-        "sim_accept_len": rep.get("sim_accept_len"), "steps": rep.get("steps"),
-        "prompts_source": rep.get("prompts_source"), "target": rep.get("target"),
+        "sim_accept_len": rep.get("sim_accept_len"), **benchmark,
     })
-    best_now = best_published(doc)
-    doc["best"] = None if best_now is None else best_now["id"]
+    best_now = best_published(doc, benchmark)
+    doc["best"] = None if best_now is None else best_now["id"]  # on the benchmark of the latest decision
+    doc.setdefault("best_by_benchmark", {})[_benchmark_text(benchmark)] = doc["best"]
     storage.write_json(storage.join(registry, REGISTRY_FILE), doc)
     result = {"published": ok, "reason": reason, "location": location,
               "acceptance_length": rep["acceptance_length"], "compared": compared, "registry": registry,

@@ -12,12 +12,13 @@ from eagle3.evaluate.publish import publish, read_registry
 from eagle3.errors import InputError
 
 
-def _eval(root, name, tau, spec=120.0, base=90.0, lossless=True, weights=b"w"):
+def _eval(root, name, tau, spec=120.0, base=90.0, lossless=True, weights=b"w", prompts="humaneval"):
     """An EVAL/report.json and a DRAFT folder (distinct weights per draft)."""
     report = storage.join(root, name, "eval", "report.json")
     storage.write_json(report, {"acceptance_length": tau, "lossless": lossless, "tokens_per_s_spec": spec,
                                 "tokens_per_s_base": base, "speedup": spec / base, "steps": 3,
-                                "accept_rate_by_position": [0.7, 0.6, 0.5]})
+                                "accept_rate_by_position": [0.7, 0.6, 0.5], "prompts_source": prompts,
+                                "max_new_tokens": 64, "target": "smollm2-135m-instruct"})
     draft = storage.join(root, name, "draft")
     storage.write_bytes(storage.join(draft, "model.safetensors"), weights + name.encode())
     storage.write_json(storage.join(draft, "config.json"), {"architectures": ["LlamaForCausalLMEagle3"]})
@@ -27,7 +28,7 @@ def _eval(root, name, tau, spec=120.0, base=90.0, lossless=True, weights=b"w"):
 def _sequence(root, registry):
     r1, d1 = _eval(root, "first", 2.1)
     first = publish(r1, d1, registry, run_id="run/1")
-    assert first["published"] and "no draft was published before" in first["reason"]
+    assert first["published"] and "first draft published on this benchmark (humaneval, k=3" in first["reason"]
     assert storage.list_files(first["location"]) == ["config.json", "model.safetensors"]
     assert storage.read_bytes(storage.join(first["location"], "model.safetensors")) == b"wfirst"
 
@@ -82,3 +83,19 @@ def test_publish_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "PUBLISHED to" in out
     assert json.loads((tmp_path / "reg" / "registry.json").read_text())["entries"][0]["acceptance_length"] == 2.4
+
+
+def test_tau_is_compared_only_on_the_same_benchmark(tmp_path):
+    root, registry = str(tmp_path), str(tmp_path / "registry")
+    r1, d1 = _eval(root, "chat-draft", 3.2, prompts="chat")
+    assert publish(r1, d1, registry)["published"]
+    # a HumanEval τ of 2.0 is not "worse" than a chat τ of 3.2: different prompts, not comparable
+    r2, d2 = _eval(root, "code-draft", 2.0)
+    code = publish(r2, d2, registry)
+    assert code["published"] and "first draft published on this benchmark (humaneval" in code["reason"]
+    assert "1 draft(s) published on other benchmarks were not compared" in code["reason"]
+    assert code["compared"]["previous_best"] is None and code["compared"]["benchmark"]["prompts_source"] == "humaneval"
+    r3, d3 = _eval(root, "code-worse", 1.9)
+    worse = publish(r3, d3, registry)
+    assert not worse["published"] and "does not beat the previous best 2.000" in worse["reason"]
+    assert read_registry(registry)["best"] == code["entry_id"]
