@@ -12,6 +12,7 @@ HumanEval.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -97,7 +98,7 @@ FAMILIES = [
            lambda r: ([float(x) for x in _ints(r, 0, 10, (2, 4))],)),
     Family(("second_smallest", "runner_up_min"), "numbers: List[int]", "Optional[int]",
            "Return the second smallest distinct number, or None if there is none.",
-           "values = sorted(set(numbers))\n    return values[1] if len(values) > 1 else None",
+           "distinct = sorted(set(numbers))\n    return distinct[1] if len(distinct) > 1 else None",
            lambda xs: sorted(set(xs))[1] if len(set(xs)) > 1 else None, lambda r: (_ints(r, 0, 6, (2, 6)),)),
     Family(("product_of_digits", "digit_product"), "n: int", "int",
            "Return the product of the decimal digits of the non-negative integer n.",
@@ -204,15 +205,68 @@ def _call(family: Family, args: tuple) -> Any:
     return fn(*[list(a) if isinstance(a, list) else a for a in args])
 
 
+# Names are mostly made up per prompt, so a draft cannot memorize them: it has to learn to
+# copy the signature from the prompt, which is what the target does on HumanEval.
+VERBS = ["compute", "get", "find", "count", "collect", "build", "make", "pick", "select", "measure", "scan",
+         "check", "sum", "merge", "track", "fetch", "derive", "summarize", "extract", "gather", "rank", "tally"]
+NOUNS = ["values", "scores", "items", "totals", "records", "parts", "tokens", "entries", "readings", "points",
+         "labels", "chunks", "steps", "marks", "levels", "ranges", "weights", "digits", "letters", "blocks",
+         "samples", "rows", "pairs", "gaps", "peaks", "words", "codes", "limits"]
+# Made-up names that are HumanEval entry points (tests/demo_corpus checks none slips through).
+HUMANEVAL_NAMES = frozenset({"select_words"})
+ARG_POOLS = {  # replacement names per argument kind; none clashes with a local name of a body
+    "list": ["values", "data", "nums", "seq", "arr", "elements", "entries", "readings", "series", "inputs"],
+    "int": ["limit", "count", "size", "bound", "amount", "step", "factor", "base"],
+    "str": ["phrase", "line", "message", "string", "label", "source", "content", "passage"],
+}
+
+
+def _arg_kind(annotation: str) -> str | None:
+    if annotation.startswith("List"):
+        return "list"
+    return {"int": "int", "str": "str"}.get(annotation)
+
+
+def _renamed(fam: Family, rng: random.Random) -> dict[str, str]:
+    """{old argument name: new name} for about half of the arguments (single letters a, b stay)."""
+    out: dict[str, str] = {}
+    for part in fam.args.split(", "):
+        arg, annotation = part.split(": ")
+        pool = ARG_POOLS.get(_arg_kind(annotation) or "", [])
+        choices = [x for x in pool if x not in out.values() and x != arg]
+        if arg not in ("a", "b") and choices and rng.random() < 0.5:
+            out[arg] = rng.choice(choices)
+    return out
+
+
+def _rename(text: str, names: dict[str, str]) -> str:
+    if not names:
+        return text
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+    return pattern.sub(lambda m: names[m.group(1)], text)
+
+
 def code_completion(rng: random.Random) -> dict:
     """One messages record: the user asks for a typed stub's body; the answer is the reference code."""
     fam = rng.choice(FAMILIES)
-    name = rng.choice(fam.names)
+    if rng.random() < 0.25:
+        name = rng.choice(fam.names)
+    else:
+        name = f"{rng.choice(VERBS)}_{rng.choice(NOUNS)}"
+        while name in HUMANEVAL_NAMES:
+            name = f"{rng.choice(VERBS)}_{rng.choice(NOUNS)}"
+    names = _renamed(fam, rng)
+    fam = Family(fam.names, _rename(fam.args, names), fam.returns, _rename(fam.doc, names),
+                 _rename(fam.body, names), fam.fn, fam.example)
     examples = []
     for _ in range(rng.randint(1, 3)):
         args = fam.example(rng)
         call = ", ".join(repr(a) for a in args)
-        examples.append(f"    >>> {name}({call})\n    {_call(fam, args)!r}\n")
+        result = _call(fam, args)
+        if result is None:  # doctest prints nothing for None
+            examples.append(f"    >>> {name}({call}) is None\n    True\n")
+        else:
+            examples.append(f"    >>> {name}({call})\n    {result!r}\n")
     typing_names = [t for t in ("List", "Dict", "Optional") if t in fam.args + fam.returns]
     header = f"from typing import {', '.join(typing_names)}\n\n\n" if typing_names else ""
     stub = f'{header}def {name}({fam.args}) -> {fam.returns}:\n    """{fam.doc}\n{"".join(examples)}    """\n'

@@ -193,3 +193,29 @@ def test_regenerate_flag_marks_only_named_datasets(tmp_path):
     assert flagged == ["chat", "coding"]
     with pytest.raises(InputError, match="unknown dataset"):
         write_demo_corpus(str(tmp_path / "e"), scale=0.05, regenerate=("nope",))
+
+
+def test_code_completion_answers_pass_their_prompts_doctests():
+    """Every stub's doctests hold for its reference answer, names and arguments renamed or not."""
+    import doctest
+    import random
+    import re
+
+    from eagle3.demo_code_tasks import code_completion
+
+    rng, names, attempted = random.Random(5), set(), 0
+    for _ in range(1500):
+        record = code_completion(rng)
+        question, answer = (m["content"] for m in record["messages"])
+        code = answer.split("```python\n")[1].split("```")[0]
+        name = re.search(r"def (\w+)\(", code).group(1)
+        assert f"def {name}(" in question  # the answer keeps the stub's signature
+        scope: dict = {}
+        exec("from typing import Dict, List, Optional\n" + code, scope)  # noqa: S102 - our own generated code
+        doc = question[question.index('"""') + 3:question.rindex('"""')]
+        test = doctest.DocTestParser().get_doctest(doc, scope, name, None, 0)
+        result = doctest.DocTestRunner(verbose=False).run(test, out=lambda _: None)
+        assert result.failed == 0, question + answer
+        attempted += result.attempted
+        names.add(name)
+    assert attempted >= 1500 and len(names) > 500  # made-up names: a draft must copy them, not memorize
