@@ -102,6 +102,10 @@ PARAMS = {
     "storage_option": Param("bf16", type="string", enum=["bf16", "fp8", "fp8-topk"], title="Hidden-state storage",
                             description="bf16: 8H bytes/token (baseline); fp8: 4H+8; fp8-topk: 3H+102 "
                                         "(fp8 aux + the target's top-16 log-probs instead of `last`)."),
+    "extract_tokens_per_s": Param(20000, type="number", exclusiveMinimum=0, title="Extraction speed estimate",
+                                  description="Tokens per second the whole extraction reaches (all shards "
+                                              "together): stats and verify turn it into the extraction hours "
+                                              "they print before anything is extracted."),
     "extract_shards": Param(1, type="integer", minimum=1, maximum=1024, title="Extraction shards",
                             description="Number of mapped extraction tasks (pool gpu caps how many run at once)."),
     "token_budget": Param(8192, type="integer", minimum=64, title="Token budget",
@@ -175,13 +179,15 @@ def eagle3_train():
     regenerate >> tokenize
 
     stats = StatsOperator(task_id="stats", prepared=PREPARED, max_seq_len="{{ params.max_seq_len }}",
-                          model="{{ params.model }}", out=RUN + "/stats")
+                          model="{{ params.model }}", out=RUN + "/stats",
+                          tokens_per_s="{{ params.extract_tokens_per_s }}")
     merge = MergeOperator(
         task_id="merge", prepared=PREPARED, out=RUN + "/merged", max_seq_len="{{ params.max_seq_len }}",
         seed="{{ params.seed }}", drop="{{ params.drop | join(',') }}", manifest="{{ params.manifest }}",
     )
     verify = VerifyOperator(task_id="verify", merged=RUN + "/merged", model="{{ params.model }}",
-                            store=STORE, storage_option="{{ params.storage_option }}")
+                            store=STORE, storage_option="{{ params.storage_option }}",
+                            tokens_per_s="{{ params.extract_tokens_per_s }}")
     vocab = VocabOperator(task_id="vocab", merged=RUN + "/merged", out=RUN + "/vocab",
                           draft_vocab_size="{{ params.draft_vocab_size }}")
 

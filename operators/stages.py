@@ -121,17 +121,20 @@ class TokenizeOperator(Eagle3Operator):
 class StatsOperator(Eagle3Operator):
     """Per-dataset statistics; logs the table and flags token-heavy datasets."""
 
-    template_fields = ("prepared", "max_seq_len", "model", "out")
+    template_fields = ("prepared", "max_seq_len", "model", "out", "tokens_per_s")
 
-    def __init__(self, *, prepared: str, max_seq_len: int | str, model: str, out: str, **kwargs):
+    def __init__(self, *, prepared: str, max_seq_len: int | str, model: str, out: str,
+                 tokens_per_s: float | str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.prepared, self.max_seq_len, self.model, self.out = prepared, max_seq_len, model, out
+        self.tokens_per_s = tokens_per_s
 
     def execute(self, context):
-        from eagle3.stats import run_stats
+        from eagle3.stats import DEFAULT_TOKENS_PER_S, run_stats
 
         self.stage_env()
-        result = run_stats(prepared=self.prepared, max_seq_len=int(self.max_seq_len), model=self.model, out=self.out)
+        result = run_stats(prepared=self.prepared, max_seq_len=int(self.max_seq_len), model=self.model, out=self.out,
+                           tokens_per_s=float(self.tokens_per_s or DEFAULT_TOKENS_PER_S))
         self.log.info("dataset statistics:\n%s", result.get("table_text", ""))
         return self.summary({k: v for k, v in result.items() if k != "table_text"})
 
@@ -168,11 +171,13 @@ class MergeOperator(Eagle3Operator):
 class VerifyOperator(Eagle3Operator):
     """The gate: a failed check fails the DAG here, before extraction, with no retry."""
 
-    template_fields = ("merged", "model", "store", "storage_option")
+    template_fields = ("merged", "model", "store", "storage_option", "tokens_per_s")
 
-    def __init__(self, *, merged: str, model: str, store: str, storage_option: str = "bf16", **kwargs):
+    def __init__(self, *, merged: str, model: str, store: str, storage_option: str = "bf16",
+                 tokens_per_s: float | str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.merged, self.model, self.store, self.storage_option = merged, model, store, storage_option
+        self.tokens_per_s = tokens_per_s
 
     def execute(self, context):
         from eagle3.errors import GateFailed
@@ -183,8 +188,9 @@ class VerifyOperator(Eagle3Operator):
         bytes_per_value, store_last = {"bf16": (2, True), "fp8": (1, True), "fp8-topk": (1, False)}[
             self.storage_option]
         try:
+            extra = {"tokens_per_s": float(self.tokens_per_s)} if self.tokens_per_s else {}
             result = verify(VerifyConfig(merged=self.merged, model=self.model, store=self.store,
-                                         bytes_per_value=bytes_per_value, store_last=store_last))
+                                         bytes_per_value=bytes_per_value, store_last=store_last, **extra))
         except GateFailed as e:
             raise AirflowFailException(f"verify gate failed: {e}") from e
         return self.summary(result)

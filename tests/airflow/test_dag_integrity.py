@@ -110,3 +110,11 @@ def test_schedule_has_one_asset_per_dataset_of_the_manifest(tmp_path):
     line = out.stdout.strip().splitlines()[-1]
     assert line.startswith("AssetOrTimeSchedule"), line
     assert f"file://{tmp_path}/alpha.jsonl" in line and f"file://{tmp_path}/beta.jsonl" in line, line
+
+
+def test_extraction_speed_param_reaches_stats_and_verify(dag):
+    assert dag.params["extract_tokens_per_s"] == 20000
+    for task_id in ("stats", "verify"):
+        task = dag.get_task(task_id)
+        rendered = task.render_template(task.tokens_per_s, {"params": {"extract_tokens_per_s": 750}})
+        assert float(rendered) == 750, task_id
