@@ -89,6 +89,17 @@ def _load_tokenizer(tok_dir: str):
     return AutoTokenizer.from_pretrained(tok_dir)
 
 
+def _vocab_size(tok_dir: str, pre_tokenized: bool) -> int:
+    """Bound for token ids. Pre-tokenized data is checked against the model's embedding rows
+    (config.json), which needs no tokenizer, so ingesting seed-format JSONL never imports transformers."""
+    config = Path(tok_dir) / "config.json"
+    if pre_tokenized and config.is_file():
+        size = json.loads(config.read_text()).get("vocab_size")
+        if isinstance(size, int) and size > 0:
+            return size
+    return len(_load_tokenizer(tok_dir))
+
+
 @functools.lru_cache(maxsize=4)
 def _masker(tok_dir: str) -> ChatMasker:
     return ChatMasker(_load_tokenizer(tok_dir))
@@ -190,7 +201,7 @@ def _tokenize_file(cfg: TokenizeConfig, local: str, tok_dir: str, parquet: _Parq
                    rejects: list[dict]) -> dict[str, Any]:
     """Read, render, encode and write; returns counts and template facts."""
     masker = _masker(tok_dir) if cfg.format != "tokenized" else None
-    vocab_size = len(_load_tokenizer(tok_dir))
+    vocab_size = _vocab_size(tok_dir, pre_tokenized=cfg.format == "tokenized")
     total = _count_records(local)
     if cfg.max_samples:
         total = min(total, cfg.max_samples)
