@@ -208,12 +208,18 @@ def _call(family: Family, args: tuple) -> Any:
 # Names are mostly made up per prompt, so a draft cannot memorize them: it has to learn to
 # copy the signature from the prompt, which is what the target does on HumanEval.
 VERBS = ["compute", "get", "find", "count", "collect", "build", "make", "pick", "select", "measure", "scan",
-         "check", "sum", "merge", "track", "fetch", "derive", "summarize", "extract", "gather", "rank", "tally"]
+         "check", "sum", "merge", "track", "fetch", "derive", "summarize", "extract", "gather", "rank", "tally",
+         "load", "parse", "split", "join", "sort", "filter", "map", "reduce", "apply", "shift", "clip", "pack",
+         "group", "match", "label", "score", "weigh", "trim", "align", "order", "mark", "sample", "probe", "tidy"]
 NOUNS = ["values", "scores", "items", "totals", "records", "parts", "tokens", "entries", "readings", "points",
          "labels", "chunks", "steps", "marks", "levels", "ranges", "weights", "digits", "letters", "blocks",
-         "samples", "rows", "pairs", "gaps", "peaks", "words", "codes", "limits"]
+         "samples", "rows", "pairs", "gaps", "peaks", "words", "codes", "limits", "orders", "prices", "grades",
+         "events", "frames", "layers", "votes", "ticks", "bins", "slots", "lanes", "rounds", "cells", "seeds",
+         "notes", "keys", "flags", "names", "tags", "runs", "hits", "bursts", "edges", "nodes", "paths", "spans"]
+QUALIFIERS = ["", "", "", "all", "max", "min", "total", "first", "last", "even", "odd", "top", "unique", "valid",
+              "sorted", "active", "raw", "daily", "net", "mean"]
 # Made-up names that are HumanEval entry points (tests/demo_corpus checks none slips through).
-HUMANEVAL_NAMES = frozenset({"select_words"})
+HUMANEVAL_NAMES = frozenset({"select_words", "split_words"})
 ARG_POOLS = {  # replacement names per argument kind; none clashes with a local name of a body
     "list": ["values", "data", "nums", "seq", "arr", "elements", "entries", "readings", "series", "inputs"],
     "int": ["limit", "count", "size", "bound", "amount", "step", "factor", "base"],
@@ -246,15 +252,20 @@ def _rename(text: str, names: dict[str, str]) -> str:
     return pattern.sub(lambda m: names[m.group(1)], text)
 
 
+def _made_up_name(rng: random.Random) -> str:
+    """verb[_qualifier]_noun: ~46,000 combinations, so names almost never repeat in a corpus."""
+    return "_".join(p for p in (rng.choice(VERBS), rng.choice(QUALIFIERS), rng.choice(NOUNS)) if p)
+
+
 def code_completion(rng: random.Random) -> dict:
     """One messages record: the user asks for a typed stub's body; the answer is the reference code."""
     fam = rng.choice(FAMILIES)
     if rng.random() < 0.25:
         name = rng.choice(fam.names)
     else:
-        name = f"{rng.choice(VERBS)}_{rng.choice(NOUNS)}"
+        name = _made_up_name(rng)
         while name in HUMANEVAL_NAMES:
-            name = f"{rng.choice(VERBS)}_{rng.choice(NOUNS)}"
+            name = _made_up_name(rng)
     names = _renamed(fam, rng)
     fam = Family(fam.names, _rename(fam.args, names), fam.returns, _rename(fam.doc, names),
                  _rename(fam.body, names), fam.fn, fam.example)
