@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -15,26 +14,9 @@ from eagle3.evaluate.sglang_bench import (
     sglang_benchmark,
 )
 from eagle3.errors import InputError
+from tests.evaluate.server_processes import alive, free_port
 
 HERE = Path(__file__).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0); read its state
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -49,7 +31,7 @@ def _cfg(tmp_path, tiny_llama_dir, prompts_file, env=None, **kw):
     server_env = {"PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                   "FAKE_SGLANG_ARGV_LOG": str(argv_log), **(env or {})}
     base = dict(target=tiny_llama_dir, draft=str(tmp_path / "draft"), out=str(tmp_path / "out"),
-                prompts=prompts_file, max_new_tokens=20, port=_free_port(), module="fake_sglang_server",
+                prompts=prompts_file, max_new_tokens=20, port=free_port(), module="fake_sglang_server",
                 server_env=server_env, health_timeout_s=30, gpus=[3], concurrency=2)
     return SGLangBenchConfig(**{**base, **kw}), argv_log
 
@@ -77,7 +59,7 @@ def test_two_phases_command_lines_tau_and_cross_check(tmp_path, tiny_llama_dir, 
     report = json.loads(Path(cfg.out, "sglang_report.json").read_text())
     assert report["phases"]["eagle3"]["spec_verify_ct"] == 40
     # both servers are gone
-    assert not any(_alive(r["pid"]) for r in runs)
+    assert not any(alive(r["pid"]) for r in runs)
 
 
 def test_parameters_reach_the_command_line(tmp_path, tiny_llama_dir, prompts_file):
@@ -98,7 +80,7 @@ def test_server_and_its_children_are_killed_when_generate_fails(tmp_path, tiny_l
         sglang_benchmark(cfg)
     (run,) = [json.loads(x) for x in argv_log.read_text().splitlines()]  # the second phase never started
     pids = [run["pid"]] + [int(x) for x in children.read_text().split()]
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
 
 
 def test_server_failing_at_start_is_reported(tmp_path, tiny_llama_dir, prompts_file):
@@ -126,7 +108,7 @@ def test_stop_from_another_thread_kills_the_running_server(tmp_path, tiny_llama_
     t.join(timeout=30)
     assert not t.is_alive()
     pid = json.loads(argv_log.read_text().splitlines()[0])["pid"]
-    assert not _alive(pid)
+    assert not alive(pid)
     assert len(argv_log.read_text().splitlines()) == 1  # no second phase after stop
 
 

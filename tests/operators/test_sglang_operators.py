@@ -9,28 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.evaluate.server_processes import alive, free_port
+
 FAKE_DIR = Path(__file__).resolve().parents[1] / "evaluate"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except (ProcessLookupError, OSError):
-        return False
 
 
 @pytest.fixture
@@ -58,7 +45,7 @@ def test_benchmark_operator_runs_both_servers_and_stops_them(fake_sglang, tmp_pa
 
     op = SGLangBenchmarkOperator(task_id="sglang_benchmark", target=tiny_llama_dir, draft=str(tmp_path / "draft"),
                                  out=str(tmp_path / "eval"), prompts=_prompts(tmp_path), limit="3",
-                                 max_new_tokens="12", port=_free_port(), speculative_num_steps=4,
+                                 max_new_tokens="12", port=free_port(), speculative_num_steps=4,
                                  speculative_num_draft_tokens=5, server_module="fake_sglang_server")
     summary = op.execute(context={})
     base, spec = _runs(fake_sglang)
@@ -68,7 +55,7 @@ def test_benchmark_operator_runs_both_servers_and_stops_them(fake_sglang, tmp_pa
     assert summary["acceptance_length"] == pytest.approx(12 / 5)  # the fake accepts 2.5 per verification
     assert summary["cross_check"]["agree"] is True and summary["num_prompts"] == 3
     assert json.loads((tmp_path / "eval" / "sglang_report.json").read_text())["identical_outputs"] == 3
-    assert not _alive(base["pid"]) and not _alive(spec["pid"])
+    assert not alive(base["pid"]) and not alive(spec["pid"])
 
 
 def test_benchmark_operator_on_kill_stops_a_starting_server(fake_sglang, tmp_path, tiny_llama_dir, monkeypatch):
@@ -76,7 +63,7 @@ def test_benchmark_operator_on_kill_stops_a_starting_server(fake_sglang, tmp_pat
 
     monkeypatch.setenv("FAKE_SGLANG_STARTUP_S", "120")  # /health stays 503: the task waits
     op = SGLangBenchmarkOperator(task_id="sglang_benchmark", target=tiny_llama_dir, draft=str(tmp_path / "d"),
-                                 out=str(tmp_path / "eval"), prompts=_prompts(tmp_path), port=_free_port(),
+                                 out=str(tmp_path / "eval"), prompts=_prompts(tmp_path), port=free_port(),
                                  server_module="fake_sglang_server")
     failures: list[BaseException] = []
 
@@ -92,11 +79,11 @@ def test_benchmark_operator_on_kill_stops_a_starting_server(fake_sglang, tmp_pat
     while not _runs(fake_sglang) and time.time() < deadline:
         time.sleep(0.1)
     (started,) = _runs(fake_sglang)
-    assert _alive(started["pid"])
+    assert alive(started["pid"])
     op.on_kill()  # what Airflow calls when the task is stopped from the UI
     t.join(timeout=30)
     assert not t.is_alive() and failures, "execute must end with an error after on_kill"
-    assert not _alive(started["pid"])
+    assert not alive(started["pid"])
     assert len(_runs(fake_sglang)) == 1  # no EAGLE3 phase after the kill
     assert not (tmp_path / "eval" / "sglang_report.json").exists()
 
@@ -111,12 +98,12 @@ def test_regenerate_operator_serves_and_uses_its_own_server(fake_sglang, tmp_pat
     manifest = tmp_path / "manifest.yaml"
     manifest.write_text(f"datasets:\n  - name: chat\n    source: {data}\n    format: messages\n    regenerate: true\n")
     op = SGLangRegenerateOperator(task_id="regenerate", dataset_name="chat", manifest=str(manifest),
-                                  model=tiny_llama_dir, storage_root=str(tmp_path / "root"), port=_free_port(),
+                                  model=tiny_llama_dir, storage_root=str(tmp_path / "root"), port=free_port(),
                                   server_module="fake_sglang_server", concurrency=2)
     stats = op.execute(context={})
     (server,) = _runs(fake_sglang)
     assert server["argv"][:2] == ["--model-path", tiny_llama_dir]
-    assert not _alive(server["pid"])
+    assert not alive(server["pid"])
     out = [json.loads(x) for x in (tmp_path / "root" / "regenerated" / "chat" / "regenerated.jsonl")
            .read_text().splitlines()]
     assert sorted(r["messages"][-1]["content"] for r in out) == [f"fake answer to: question {i}" for i in range(3)]
