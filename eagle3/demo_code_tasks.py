@@ -11,6 +11,7 @@ HumanEval.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from dataclasses import dataclass
@@ -47,6 +48,20 @@ def _word(rng: random.Random) -> str:
 
 def _sentence(rng: random.Random) -> str:
     return " ".join(_word(rng) for _ in range(rng.randint(2, 5)))
+
+
+def _collatz(n: int) -> int:
+    steps = 0
+    while n != 1:
+        n = n // 2 if n % 2 == 0 else 3 * n + 1
+        steps += 1
+    return steps
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
 
 
 FAMILIES = [
@@ -117,13 +132,13 @@ FAMILIES = [
            "Return how many Collatz steps it takes to reach 1 from the positive integer n.\n"
            "    A step halves an even number and maps an odd number x to 3 * x + 1.",
            "steps = 0\n    while n != 1:\n        n = n // 2 if n % 2 == 0 else 3 * n + 1\n        steps += 1\n"
-           "    return steps", None, lambda r: (r.randint(1, 30),)),
+           "    return steps", _collatz, lambda r: (r.randint(1, 30),)),
     Family(("triangle_number", "nth_triangular"), "n: int", "int",
            "Return the n-th triangular number, the sum 1 + 2 + ... + n.",
            "return n * (n + 1) // 2", lambda n: n * (n + 1) // 2, lambda r: (r.randint(0, 40),)),
     Family(("gcd_of", "greatest_common_divisor_of"), "a: int, b: int", "int",
            "Return the greatest common divisor of two positive integers.",
-           "while b:\n        a, b = b, a % b\n    return a", None, lambda r: (r.randint(2, 90), r.randint(2, 90))),
+           "while b:\n        a, b = b, a % b\n    return a", _gcd, lambda r: (r.randint(2, 90), r.randint(2, 90))),
     Family(("reverse_words", "words_backwards"), "sentence: str", "str",
            "Return the sentence with its words in reverse order.",
            "return ' '.join(reversed(sentence.split()))", lambda s: " ".join(reversed(s.split())),
@@ -183,26 +198,8 @@ FAMILIES = [
 ]
 
 
-def _collatz(n: int) -> int:
-    steps = 0
-    while n != 1:
-        n = n // 2 if n % 2 == 0 else 3 * n + 1
-        steps += 1
-    return steps
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
-
-
-_FALLBACK = {"collatz_steps": _collatz, "gcd_of": _gcd}
-
-
 def _call(family: Family, args: tuple) -> Any:
-    fn = family.fn or _FALLBACK[family.names[0]]
-    return fn(*[list(a) if isinstance(a, list) else a for a in args])
+    return family.fn(*[list(a) if isinstance(a, list) else a for a in args])
 
 
 # Names are mostly made up per prompt, so a draft cannot memorize them: it has to learn to
@@ -267,8 +264,8 @@ def code_completion(rng: random.Random) -> dict:
         while name in HUMANEVAL_NAMES:
             name = _made_up_name(rng)
     names = _renamed(fam, rng)
-    fam = Family(fam.names, _rename(fam.args, names), fam.returns, _rename(fam.doc, names),
-                 _rename(fam.body, names), fam.fn, fam.example)
+    fam = dataclasses.replace(fam, args=_rename(fam.args, names), doc=_rename(fam.doc, names),
+                              body=_rename(fam.body, names))
     examples = []
     for _ in range(rng.randint(1, 3)):
         args = fam.example(rng)
