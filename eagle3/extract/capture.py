@@ -8,6 +8,9 @@ i.e. exactly what feeds lm_head. So aux layer i is ``hidden_states[i+1]`` for
 i < L-1, and ``last`` is ``last_hidden_state``. Selecting indices (a list for
 ``output_hidden_states``) keeps only those layers alive, which saves memory.
 
+On CPU, plain Llama targets run through ``lean_llama`` (same numbers, fewer
+memory passes); other models and CUDA use the transformers forward.
+
 We call the base model (not the LM head model): logits over padding would cost
 2·H·V FLOPs per padded token for nothing; the ``fp8-topk`` option applies
 lm_head to real tokens only.
@@ -21,6 +24,7 @@ import os
 import torch
 
 from eagle3.errors import InputError
+from eagle3.extract import lean_llama
 from eagle3.target import default_aux_layers, load_model
 
 log = logging.getLogger(__name__)
@@ -38,10 +42,14 @@ def is_oom(exc: BaseException) -> bool:
 class TargetCapture:
     """The target model, ready to return per-token features of real tokens."""
 
-    def __init__(self, model: str, device: str = "cpu", layers: list[int] | None = None):
+    def __init__(self, model: str, device: str = "cpu", layers: list[int] | None = None, lean: bool = True):
         self.device = device
         self.model = load_model(model, device)  # fp32 on CPU, bf16 on CUDA
         self.base = getattr(self.model, self.model.base_model_prefix)
+        # The lean forward is measured and tested in fp32 on CPU; CUDA keeps the HF forward.
+        why_not = "disabled" if not lean else ("not on CPU" if device != "cpu" else lean_llama.supports(self.model))
+        self.lean = lean_llama.LeanLlama(self.model) if why_not is None else None
+        self.forward_path = "lean" if self.lean else f"transformers ({why_not})"
         cfg = self.model.config
         self.num_layers = cfg.num_hidden_layers
         self.hidden_size = cfg.hidden_size
@@ -81,9 +89,15 @@ class TargetCapture:
         for i, s in enumerate(seqs):
             ids[i, :len(s)] = torch.as_tensor(s, dtype=torch.long)
             mask[i, :len(s)] = 1  # right padding: positions 0..n-1 are the same as unpadded
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        out = self.base(input_ids=ids, attention_mask=mask, use_cache=False,
-                        output_hidden_states=[i + 1 for i in self.layers])
         keep = mask.bool()
+        if self.lean is not None:
+            outs, last = self.lean.forward(ids, self.layers)
+            return torch.cat([o[keep] for o in outs], dim=-1), last[keep], lengths
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        # No attention mask: causal attention with right padding never lets a real token
+        # see a padded one, and without a mask SDPA runs its causal kernel.
+        out = self.base(input_ids=ids, use_cache=False,
+                        output_hidden_states=[i + 1 for i in self.layers])
+        keep = keep.to(self.device)
         aux = torch.cat([out.hidden_states[i + 1][keep] for i in self.layers], dim=-1)
         return aux, out.last_hidden_state[keep], lengths

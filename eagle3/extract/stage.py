@@ -170,13 +170,15 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
     real, padded = padding_share([b for batches in plan for b in batches])
     summary = {
         "store": writer.uri, "task": task, "device": device, "storage": cfg.storage, "layers": cap.layers,
+        "forward": cap.forward_path,
         "samples_in_task": len(mine), "samples_skipped": len(mine) - len(todo), "samples_extracted": 0,
         "tokens": 0, "shards_written": 0, "bytes_written": 0, "bytes_per_token": bpt, "token_budget": budget,
         "padding_share": round(1 - real / padded, 4) if padded else 0.0,
     }
     log.info("extract %s: %d samples in this task, %d already stored, %d to do (%d tokens) in %d shards; "
-             "padding %.1f%% of %d padded tokens at budget %d", task, len(mine), summary["samples_skipped"],
-             len(todo), real, len(shards), 100 * summary["padding_share"], padded, budget)
+             "padding %.1f%% of %d padded tokens at budget %d; %s forward", task, len(mine),
+             summary["samples_skipped"], len(todo), real, len(shards), 100 * summary["padding_share"], padded,
+             budget, cap.forward_path)
     progress = Progress("extract", len(todo), real, every_s=cfg.progress_every_s, logger=log)
     forward_s, estimated = 0.0, False
     # Rate for the estimate: skip the first batch (warm-up, and the shortest samples), then

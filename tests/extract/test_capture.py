@@ -11,7 +11,7 @@ from eagle3.extract.capture import TargetCapture, is_oom
 
 @pytest.fixture(scope="module")
 def cap(tiny_llama_dir):
-    return TargetCapture(tiny_llama_dir, "cpu")
+    return TargetCapture(tiny_llama_dir, "cpu", lean=False)  # the transformers facts below
 
 
 def _hooked(cap, seq):
