@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eagle3 import storage
+from eagle3.background import BackgroundWriter
 from eagle3.config import to_dict
 from eagle3.errors import InputError
 from eagle3.merge_arrays import (DROP_DUPLICATE, DROP_NO_LOSS, DROP_TRUNCATED_NO_LOSS, content_ids, gather_rows,
@@ -223,41 +224,43 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
                               write_statistics=["num_tokens", "num_loss_tokens"])
     jf = open(jsonl_tmp, "w") if export_jsonl else None
     try:
-        for path in bucket_paths:
-            with pa.OSFile(path) as f:
-                table = pa.ipc.open_stream(f).read_all().combine_chunks()
-            os.unlink(path)
-            cid = np.array(table.column("id").to_pylist(), dtype="S32")
-            sid = np.array(table.column("source_id").to_pylist(), dtype=object).astype(str)
-            src = table.column("_src").to_numpy()
-            order = np.lexsort((sid, src, cid, table.column("_key").to_numpy()))
-            dup = np.zeros(len(order), bool)
-            dup[1:] = cid[order][1:] == cid[order][:-1]
-            tok = table.column("num_tokens").to_numpy()
-            loss = table.column("num_loss_tokens").to_numpy()
-            for r in order[dup]:
-                tallies[names[src[r]]].drop(DROP_DUPLICATE, 1, tok[r], loss[r])
-                drops.append({"source": names[src[r]], "id": sid[r], "reason": DROP_DUPLICATE})
-            kept = order[~dup]
-            for si in np.unique(src[kept]):
-                sel = kept[src[kept] == si]
-                tallies[names[si]].kept(len(sel), tok[sel].sum(), loss[sel].sum())
-            io, ids = list_parts(table.column("input_ids").chunk(0), np.int32)
-            _, mask = list_parts(table.column("loss_mask").chunk(0), np.uint8)
-            # Gather and write ~1M tokens at a time, so memory stays about one bucket.
-            ends = np.cumsum(np.diff(io)[kept])
-            cuts = np.unique(np.searchsorted(ends, np.arange(1, ends[-1] // 2**20 + 1) * 2**20)) if len(kept) else []
-            for rows in np.split(kept, cuts):
-                if not len(rows):
-                    continue
-                off, g_ids, g_mask = gather_rows(io, rows, ids, mask)
-                writer.write_table(rows_table(off, g_ids, g_mask, cid[rows], loss[rows],
+        with BackgroundWriter(writer.write_table, name="merge-parquet") as background:
+            for path in bucket_paths:
+                with pa.OSFile(path) as f:
+                    table = pa.ipc.open_stream(f).read_all().combine_chunks()
+                os.unlink(path)
+                cid = np.array(table.column("id").to_pylist(), dtype="S32")
+                sid = np.array(table.column("source_id").to_pylist(), dtype=object).astype(str)
+                src = table.column("_src").to_numpy()
+                order = np.lexsort((sid, src, cid, table.column("_key").to_numpy()))
+                dup = np.zeros(len(order), bool)
+                dup[1:] = cid[order][1:] == cid[order][:-1]
+                tok = table.column("num_tokens").to_numpy()
+                loss = table.column("num_loss_tokens").to_numpy()
+                for r in order[dup]:
+                    tallies[names[src[r]]].drop(DROP_DUPLICATE, 1, tok[r], loss[r])
+                    drops.append({"source": names[src[r]], "id": sid[r], "reason": DROP_DUPLICATE})
+                kept = order[~dup]
+                for si in np.unique(src[kept]):
+                    sel = kept[src[kept] == si]
+                    tallies[names[si]].kept(len(sel), tok[sel].sum(), loss[sel].sum())
+                io, ids = list_parts(table.column("input_ids").chunk(0), np.int32)
+                _, mask = list_parts(table.column("loss_mask").chunk(0), np.uint8)
+                # Gather and write ~1M tokens at a time, so memory stays about one bucket.
+                ends = np.cumsum(np.diff(io)[kept])
+                cuts = (np.unique(np.searchsorted(ends, np.arange(1, ends[-1] // 2**20 + 1) * 2**20))
+                        if len(kept) else [])
+                for rows in np.split(kept, cuts):
+                    if not len(rows):
+                        continue
+                    off, g_ids, g_mask = gather_rows(io, rows, ids, mask)
+                    background.put(rows_table(off, g_ids, g_mask, cid[rows], loss[rows],
                                               [names[s] for s in src[rows]], sid[rows]))
-                digest.update(b"".join(c + b"\n" for c in cid[rows]))
-                if jf is not None:
-                    for a, b in zip(off[:-1], off[1:]):
-                        jf.write(json.dumps({"input_ids": g_ids[a:b].tolist(), "loss_mask": g_mask[a:b].tolist()})
-                                 + "\n")
+                    digest.update(b"".join(c + b"\n" for c in cid[rows]))
+                    if jf is not None:
+                        for a, b in zip(off[:-1], off[1:]):
+                            jf.write(json.dumps({"input_ids": g_ids[a:b].tolist(),
+                                                 "loss_mask": g_mask[a:b].tolist()}) + "\n")
     finally:
         writer.close()
         if jf is not None:

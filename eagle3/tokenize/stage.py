@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from eagle3 import storage, target
+from eagle3.background import BackgroundWriter
 from eagle3.errors import InputError
 from eagle3.progress import Progress
 from eagle3.tokenize import readers
@@ -249,12 +250,13 @@ def _tokenize_file(cfg: TokenizeConfig, local: str, tok_dir: str, parquet: _Parq
             yield _concat(records)
 
     batches = masker.encode_pipelined(chunks()) if masker is not None else token_batches()
-    for batch in batches:
-        parquet.write(batch)
-        # The token total is estimated from the tokens per sample seen so far, so the ETA means something.
-        samples, tokens = progress.samples + len(batch.offsets) - 1, progress.tokens + int(batch.offsets[-1])
-        progress.total_tokens = max(int(tokens / max(samples, 1) * total), tokens, 1)
-        progress.update(samples=len(batch.offsets) - 1, tokens=int(batch.offsets[-1]))
+    with BackgroundWriter(parquet.write, name="tokenize-parquet") as background:
+        for batch in batches:
+            background.put(batch)  # ids hashing and Parquet encoding overlap the next batch
+            # The token total is estimated from the tokens per sample seen so far, so the ETA means something.
+            samples, tokens = progress.samples + len(batch.offsets) - 1, progress.tokens + int(batch.offsets[-1])
+            progress.total_tokens = max(int(tokens / max(samples, 1) * total), tokens, 1)
+            progress.update(samples=len(batch.offsets) - 1, tokens=int(batch.offsets[-1]))
     progress.finish()
     facts: dict[str, Any] = {"over_cap": counts["over_cap"], "vocab_size": vocab_size}
     if masker is not None:

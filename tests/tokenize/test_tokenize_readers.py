@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -50,6 +51,11 @@ def test_bad_message_lines_are_rejected_with_their_line(tmp_path, line, reason):
     ({"input_ids": [], "loss_mask": []}, readers.NO_TOKENS),
     ({"input_ids": [1, 2], "loss_mask": [0, 0]}, readers.NO_LOSS_TOKENS),
     ({"input_ids": ["a"], "loss_mask": [1]}, readers.BAD_TOKENS),
+    ({"input_ids": [1.5, 2], "loss_mask": [0, 1]}, readers.BAD_TOKENS),  # never truncated to 1
+    ({"input_ids": [1, 2], "loss_mask": [0, True]}, readers.BAD_TOKENS),
+    ({"input_ids": [1, [2]], "loss_mask": [0, 1]}, readers.BAD_TOKENS),  # simdjson would flatten this
+    ({"input_ids": [1, 2**64], "loss_mask": [0, 1]}, readers.ID_OUT_OF_RANGE),
+    ({"loss_mask": [0, 1]}, readers.NO_TOKENS),
 ])
 def test_bad_tokenized_records(tmp_path, record, reason):
     path = tmp_path / "t.jsonl"
@@ -57,6 +63,35 @@ def test_bad_tokenized_records(tmp_path, record, reason):
     items = _lines(path, "tokenized", vocab_size=100)
     assert isinstance(items[0], TokenRecord) and items[0].input_ids.tolist() == [5, 99]
     assert (items[1].line, items[1].reason) == (2, reason)
+
+
+def test_simdjson_and_json_paths_give_the_same_records(tmp_path, monkeypatch):
+    pytest.importorskip("simdjson")
+    lines = [json.dumps({"input_ids": [5, 99, 7], "loss_mask": [0, 1, 1]}),
+             '{"id": "x", "input_ids":[3,4],"loss_mask":[1,1]}\r',
+             json.dumps({"input_ids": [1, 2], "loss_mask": [0, 2]}),
+             '{"input_ids": [1, 2], "loss_mask": [0, 1]',
+             json.dumps({"input_ids": [1, 2], "loss_mask": [0, 1], "meta": {"tags": ["a"]}}),
+             '{"input_ids": [1, 2], "loss_mask": [0, 1], "note": "caf\xe9"}',
+             json.dumps({"input_ids": [1, 200], "loss_mask": [1, 1]})]
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"\n".join(line.encode("latin-1") for line in lines) + b"\n")
+    calls = []
+    real = readers._FastTokens.__call__
+    monkeypatch.setattr(readers._FastTokens, "__call__", lambda self, raw: calls.append(raw) or real(self, raw))
+    fast = _lines(path, "tokenized", vocab_size=100)
+    assert len(calls) == 7 and sum(real(readers._FastTokens(), c) is not None for c in calls) == 4
+    monkeypatch.setattr(readers._FastTokens, "__call__", lambda self, raw: None)  # json.loads for every line
+    slow = _lines(path, "tokenized", vocab_size=100)
+
+    def view(items):
+        return [(type(i).__name__, i.line, getattr(i, "reason", None), getattr(i, "input_ids", np.zeros(0)).tolist(),
+                 getattr(i, "loss_mask", np.zeros(0)).tolist()) for i in items]
+    assert view(fast) == view(slow)
+    assert [v[0] for v in view(fast)] == ["TokenRecord", "TokenRecord", "Rejected", "Rejected", "TokenRecord",
+                                          "Rejected", "Rejected"]
+    assert [i.reason for i in fast if isinstance(i, Rejected)] == [
+        readers.MASK_NOT_BINARY, readers.MALFORMED_JSON, readers.INVALID_UTF8, readers.ID_OUT_OF_RANGE]
 
 
 def test_sharegpt_gz_and_parquet_read_the_same(tmp_path):
