@@ -143,21 +143,28 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
     pos = positions_in_sample(segment_ids)
     mask0 = step0_mask(segment_ids)
     hidden = draft.project_aux(aux)
+    # The target side does not change across steps: its softmax and argmax are taken once.
+    target_probs = target_logits_draft.float().softmax(-1)
+    target_top = target_logits_draft.argmax(-1)
+    width = input_ids.shape[1]
     history: list = []
     total = hidden.new_zeros(())
     sums, correct, counts = [], [], []
     for i in range(ttt_length):
         ids = _shift(input_ids, 1 + i, 0)
         logits, hidden = draft.ttt_step(ids, hidden, pos + i, history, mask0)
-        target = _shift(target_logits_draft, 1 + i, 0).float()
         same_sample = (_shift(segment_ids, 2 + i, -1) == segment_ids) & (segment_ids != 0)
         mask = _shift(loss_mask, 2 + i, False) & _shift(in_draft, 1 + i, False) & same_sample
-        ce = -(target.softmax(-1) * F.log_softmax(logits.float(), -1)).sum(-1)
+        # Positions t >= width-1-i have no target (the mask is 0 there), so the loss
+        # is taken on the first `valid` positions against the target at t+1+i: slices, no copies.
+        valid = max(width - 1 - i, 0)
+        scored, mask = logits[:, :valid], mask[:, :valid]
+        ce = -(target_probs[:, 1 + i:] * F.log_softmax(scored.float(), -1)).sum(-1)
         n = mask.sum()
         step_sum = (ce * mask).sum()
         divisor = n.clamp(min=1) if normalizer is None else max(float(normalizer[i]), 1.0)
         total = total + (step_decay ** i) * step_sum / divisor
         sums.append(step_sum.detach())
-        correct.append(((logits.argmax(-1) == target.argmax(-1)) & mask).sum())
+        correct.append(((scored.argmax(-1) == target_top[:, 1 + i:]) & mask).sum())
         counts.append(n)
     return TTTResult(total, torch.stack(sums), torch.stack(correct), torch.stack(counts))
