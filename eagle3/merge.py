@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eagle3 import storage
-from eagle3.background import BackgroundWriter
+from eagle3.background import BackgroundWriter, HashingFile, prefetch
 from eagle3.config import to_dict
 from eagle3.errors import InputError
 from eagle3.merge_arrays import (DROP_DUPLICATE, DROP_NO_LOSS, DROP_TRUNCATED_NO_LOSS, content_ids, gather_rows,
@@ -177,7 +177,7 @@ def _route(sources, cfg: MergeConfig, tallies, drops, tmp: str, n_buckets: int, 
     writers = {}
     try:
         for si, (name, uri) in enumerate(sources.items()):
-            for batch in read_batches(uri, cfg.batch_rows):
+            for batch in prefetch(read_batches(uri, cfg.batch_rows), name="merge-read"):
                 t = truncate_batch(batch, cfg.max_seq_len, uri)
                 tallies[name].seen(t)
                 progress.update(samples=len(t.lengths_in), tokens=int(t.lengths_in.sum()))
@@ -213,14 +213,15 @@ def _route(sources, cfg: MergeConfig, tallies, drops, tmp: str, n_buckets: int, 
 
 def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: str, export_jsonl: bool) -> str:
     """Bucket phase: sort each bucket by (key, id, source, source id), drop duplicates,
-    append to train.parquet (and train.jsonl). Returns the content hash."""
+    append to train.parquet (and train.jsonl). Returns (content hash, sha256 of train.parquet)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     digest = hashlib.sha256()
     parquet_tmp = os.path.join(stage_dir, ".train.parquet.tmp")
     jsonl_tmp = os.path.join(stage_dir, ".train.jsonl.tmp")
-    writer = pq.ParquetWriter(parquet_tmp, output_schema(), compression="zstd", use_dictionary=["source"],
+    sink = HashingFile(parquet_tmp)
+    writer = pq.ParquetWriter(sink, output_schema(), compression="zstd", use_dictionary=["source"],
                               write_statistics=["num_tokens", "num_loss_tokens"])
     jf = open(jsonl_tmp, "w") if export_jsonl else None
     try:
@@ -263,12 +264,13 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
                                                  "loss_mask": g_mask[a:b].tolist()}) + "\n")
     finally:
         writer.close()
+        sink.close()
         if jf is not None:
             jf.close()
     os.replace(parquet_tmp, os.path.join(stage_dir, "train.parquet"))
     if export_jsonl:
         os.replace(jsonl_tmp, os.path.join(stage_dir, "train.jsonl"))
-    return digest.hexdigest()
+    return digest.hexdigest(), sink.sha256.hexdigest()
 
 
 def merge(cfg: MergeConfig) -> dict:
@@ -292,10 +294,12 @@ def merge(cfg: MergeConfig) -> dict:
     n_buckets = _bucket_count(sources, cfg.bucket_mb)
     with storage.staged_dir(cfg.out) as stage, tempfile.TemporaryDirectory(prefix="eagle3-merge-") as tmp:
         buckets = _route(sources, cfg, tallies, drops, tmp, n_buckets, progress)
-        content_hash = _write_outputs(buckets, list(sources), tallies, drops, str(stage), cfg.export_jsonl)
+        content_hash, parquet_sha256 = _write_outputs(buckets, list(sources), tallies, drops, str(stage),
+                                                      cfg.export_jsonl)
         per_source = {n: t.rec for n, t in tallies.items()}
-        files = ["train.parquet"] + (["train.jsonl"] if cfg.export_jsonl else [])
-        checksums = {f: storage.sha256_file(os.path.join(stage, f)) for f in files}
+        checksums = {"train.parquet": parquet_sha256}  # hashed as it was written
+        if cfg.export_jsonl:
+            checksums["train.jsonl"] = storage.sha256_file(os.path.join(stage, "train.jsonl"))
         totals = {k: sum(s[k] for s in per_source.values()) for k in
                   ("samples_in", "samples_out", "tokens_in", "tokens_out", "loss_tokens_in", "loss_tokens_out")}
         totals["dropped"] = {}
