@@ -2,7 +2,8 @@
 
 Prints, from ONE process: tokens/s of the extract stage, the fp32 matmul peak of
 this machine measured in the same run (a big torch.mm), the achieved fraction
-of that peak (model matmul FLOPs / forward time), the padding share of the
+of that peak (model matmul FLOPs / forward time) for the lean CPU forward and,
+on the same samples, for the transformers forward, the padding share of the
 batches, and the stored bytes per token of each storage option (from the files
 written, next to the 8H+5 formula).
 
@@ -86,6 +87,8 @@ def main(argv=None) -> dict:
                    help="also report the planned padding share for this many samples (no model run)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the figures as JSON here")
+    p.add_argument("--no-compare", dest="compare_transformers", action="store_false",
+                   help="skip the second run through the transformers forward")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
@@ -103,15 +106,21 @@ def main(argv=None) -> dict:
         plan_lengths = write_samples(tmp / "plan", args.plan_samples, args.seed + 2, cap.vocab_size, args.max_len)
         planned = planned_padding(plan_lengths, args.token_budget)
         peak_before = matmul_peak_gflops()
-        cfg = ExtractConfig(merged=str(tmp / "merged"), model=args.model, out=str(tmp / "store"), device="cpu",
-                            token_budget=args.token_budget, progress_every_s=30)
-        t0 = time.perf_counter()
-        summary = extract(cfg)
-        wall = time.perf_counter() - t0
+        runs = {}
+        for path, lean in (("lean", True), ("transformers", False)):
+            cfg = ExtractConfig(merged=str(tmp / "merged"), model=args.model, out=str(tmp / f"store-{path}"),
+                                device="cpu", token_budget=args.token_budget, progress_every_s=30, lean_forward=lean)
+            t0 = time.perf_counter()
+            s = extract(cfg)
+            runs[path] = {"summary": s, "wall": time.perf_counter() - t0, "forward": s["forward"]}
+            if not args.compare_transformers:
+                break
         peak_after = matmul_peak_gflops()
         peak = max(peak_before, peak_after)
-        forward_s = summary["tokens"] / summary["tokens_per_s"]
-        achieved = model_flops(cap, lengths) / forward_s / 1e9
+        for r in runs.values():
+            forward_s = r["summary"]["tokens"] / r["summary"]["tokens_per_s"]
+            r["achieved"] = model_flops(cap, lengths) / forward_s / 1e9
+        summary, wall, achieved = runs["lean"]["summary"], runs["lean"]["wall"], runs["lean"]["achieved"]
 
         stored = {}
         small = tmp / "small"
@@ -132,13 +141,21 @@ def main(argv=None) -> dict:
         "planned_padding_share": {"samples": args.plan_samples, "share": round(planned, 4)},
         "matmul_peak_gflops": round(peak, 1), "peak_before_after": [round(peak_before, 1), round(peak_after, 1)],
         "model_gflops_per_s": round(achieved, 1), "fraction_of_peak": round(achieved / peak, 3),
+        "forward": runs["lean"]["forward"],
+        "paths": {k: {"forward": r["forward"], "tokens_per_s": r["summary"]["tokens_per_s"],
+                      "fraction_of_peak": round(r["achieved"] / peak, 3)} for k, r in runs.items()},
         "bytes_per_token": stored,
     }
     print(f"{'model':28s} {args.model} (H={cap.hidden_size}, layers {cap.layers}, {result['threads']} threads)")
     print(f"{'samples / tokens':28s} {args.samples} / {summary['tokens']}  (budget {args.token_budget})")
     print(f"{'extract tokens/s':28s} {summary['tokens_per_s']:.0f}  (wall {wall:.1f} s incl. writes)")
     print(f"{'model matmul GFLOP/s':28s} {achieved:.1f}  vs torch.mm peak {peak:.1f}  -> "
-          f"{100 * achieved / peak:.0f}% of peak")
+          f"{100 * achieved / peak:.0f}% of peak  ({runs['lean']['forward']} forward)")
+    if "transformers" in runs:
+        hf = runs["transformers"]
+        print(f"{'  transformers forward':28s} {hf['summary']['tokens_per_s']:.0f} tok/s, {hf['achieved']:.1f} GFLOP/s "
+              f"-> {100 * hf['achieved'] / peak:.0f}% of peak; lean/transformers = "
+              f"{summary['tokens_per_s'] / hf['summary']['tokens_per_s']:.2f}x")
     print(f"{'padding share':28s} {100 * summary['padding_share']:.2f}% measured; "
           f"{100 * planned:.2f}% planned for {args.plan_samples} samples")
     for option, b in stored.items():

@@ -55,6 +55,9 @@ class ExtractConfig:
     """Folder of the GPU lease lock files (eagle3.devices); None: $EAGLE3_LEASE_DIR or /tmp/eagle3-gpu-leases."""
     progress_every_s: float = 10.0
     """Seconds between progress lines."""
+    lean_forward: bool = True
+    """On CPU, run plain Llama targets through eagle3.extract.lean_llama (same numbers, faster);
+    False: always the transformers forward."""
 
     def __post_init__(self):
         if self.layers is not None:
@@ -151,7 +154,7 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
     task = task_name(index, count)
     merged, tokens = read_merged(cfg.merged)
     mine = [s for s in merged if in_task(s.id, index, count)]
-    cap = TargetCapture(cfg.model, device, list(cfg.layers) if cfg.layers else None)
+    cap = TargetCapture(cfg.model, device, list(cfg.layers) if cfg.layers else None, lean=cfg.lean_forward)
     writer = StoreWriter(cfg.out, model_fp=model_fingerprint(resolve_model(cfg.model)), model_name=cfg.model,
                          layers=cap.layers, hidden_size=cap.hidden_size, vocab_size=cap.vocab_size,
                          storage=cfg.storage, task=task).open()
