@@ -91,7 +91,7 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from eagle3 import target
-    from eagle3.tokenize.chat_mask import ChatMasker
+    from eagle3.tokenize.chat_mask import ChatMasker, ramp_chunk_sizes
     from eagle3.tokenize.readers import parse_conversation
     from eagle3.tokenize.stage import TokenizeConfig, tokenize_dataset
 
@@ -107,10 +107,13 @@ def main() -> int:
         return masker.backend.encode_batch(texts, add_special_tokens=False)
 
     def ours():
-        """The stage's path: render chunk k+1 while chunk k encodes (batch 1024)."""
+        """The stage's path: render chunk k+1 while chunk k encodes (chunks 64, 128, ... 1024)."""
         def chunks():
-            for i in range(0, len(convs), 1024):
-                rendered = [masker.render(c) for c in convs[i:i + 1024]]
+            i, sizes = 0, ramp_chunk_sizes(1024)
+            while i < len(convs):
+                n = next(sizes)
+                rendered = [masker.render(c) for c in convs[i:i + n]]
+                i += n
                 yield [t for t, _ in rendered], [s for _, s in rendered]
         return _join(list(masker.encode_pipelined(chunks())))
 

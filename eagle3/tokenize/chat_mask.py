@@ -251,6 +251,18 @@ def masks_from_spans(encodings, spans: list[list[tuple[int, int]]]) -> Batch:
     return Batch(input_ids=ids, loss_mask=mask, offsets=offsets)
 
 
+def ramp_chunk_sizes(batch_size: int, first: int = 64):
+    """Chunk sizes for ``encode_pipelined``: 64, 128, ... up to ``batch_size``, then ``batch_size``.
+
+    Nothing encodes until the first chunk is rendered; a small first chunk gets the
+    encoder going sooner (rendering 1024 conversations first measured ~0.07 s of
+    wall time per 3000 in bench/tokenize_bench.py)."""
+    size = max(1, min(first, batch_size))
+    while True:
+        yield size
+        size = min(2 * size, batch_size)
+
+
 class ChatMasker:
     """Render + mask conversations for one tokenizer (an HF fast tokenizer)."""
 

@@ -28,7 +28,7 @@ from eagle3.background import BackgroundWriter
 from eagle3.errors import InputError
 from eagle3.progress import Progress
 from eagle3.tokenize import readers
-from eagle3.tokenize.chat_mask import Batch, ChatMasker, TemplateError
+from eagle3.tokenize.chat_mask import Batch, ChatMasker, TemplateError, ramp_chunk_sizes
 from eagle3.tokenize.manifest import FORMATS, check_name, load_manifest, source_extension
 
 log = logging.getLogger(__name__)
@@ -220,8 +220,10 @@ def _tokenize_file(cfg: TokenizeConfig, local: str, tok_dir: str, parquet: _Parq
                 yield item
 
     def chunks():
-        """(texts, spans) per batch_size conversations: rendered here while the last chunk encodes."""
+        """(texts, spans) chunks of up to batch_size conversations: rendered here while the last chunk encodes."""
         texts, spans = [], []
+        sizes = ramp_chunk_sizes(cfg.batch_size)
+        size = next(sizes)
         for conv in accepted_items():
             try:
                 text, sample_spans = masker.render(conv)
@@ -232,9 +234,10 @@ def _tokenize_file(cfg: TokenizeConfig, local: str, tok_dir: str, parquet: _Parq
             counts["accepted"] += 1
             texts.append(text)
             spans.append(sample_spans)
-            if len(texts) >= cfg.batch_size:
+            if len(texts) >= size:
                 yield texts, spans
                 texts, spans = [], []
+                size = next(sizes)
         if texts:
             yield texts, spans
 

@@ -160,3 +160,21 @@ def test_manifest_dataset_with_regenerated_source(tmp_path, chatml_dir):
         (2, "messages", regenerated, 1)
     with pytest.raises(InputError, match="'b' is not in"):
         tokenize_manifest_dataset(str(tmp_path / "m.yaml"), "b", chatml_dir, str(tmp_path / "prep"))
+
+
+def test_chunking_does_not_change_the_output(tmp_path, chatml_dir):
+    from itertools import islice
+
+    from eagle3.tokenize.chat_mask import ramp_chunk_sizes
+
+    assert list(islice(ramp_chunk_sizes(1024), 6)) == [64, 128, 256, 512, 1024, 1024]
+    assert list(islice(ramp_chunk_sizes(100), 3)) == [64, 100, 100]
+    assert list(islice(ramp_chunk_sizes(3), 2)) == [3, 3]
+    src = write_jsonl(tmp_path / "a.jsonl", [conv(i) for i in range(300)])
+    tables = []
+    for bs in (3, 1024):
+        out = tmp_path / f"bs{bs}"
+        tokenize_dataset(TokenizeConfig(name="arith", source=src, format="messages", tokenizer=chatml_dir,
+                                        out=str(out), batch_size=bs))
+        tables.append(pq.read_table(out / "arith" / "tokenized.parquet"))
+    assert tables[0].num_rows == 300 and tables[0].equals(tables[1])
