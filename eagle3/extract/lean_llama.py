@@ -9,7 +9,7 @@ mm 59%, elementwise 26%, attention 13%. What changes here:
   is one reduction and one multiply;
 - q/k/v and gate/up are one GEMM each; the residual adds happen inside the
   o_proj and down_proj GEMMs (addmm_ with beta=1); SiLU and the gate product
-  run in place; the MLP runs in row blocks that stay in cache;
+  run in place; the GEMMs run in row blocks whose outputs stay in cache;
 - rotary runs as one complex multiply: the q/k weight rows of each head are
   permuted from the half-split (neox) layout to interleaved pairs, the same
   permutation for q and k, so q·k and the attention output are unchanged;
@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 
 _MODEL_TYPES = ("llama",)
-#: rows per MLP block: at 8K rows the [rows, 2I] intermediate leaves the cache and the GEMMs
-#: slow down by ~14% on the 2-core dev machine (1-2K rows measured best)
-MLP_ROWS = 2048
+#: rows per GEMM block: at 8K rows the GEMM outputs leave the cache; on the 2-core dev machine the
+#: [rows, 2I] gate/up GEMM ran 22% slower, q/k/v 9% and o_proj 7% (1-2K rows measured best)
+ROWS = 2048
 
 
 def supports(model) -> str | None:
@@ -114,8 +114,10 @@ class LeanLlama:
         h = F.embedding(ids, self.embed).reshape(b * t, -1)
         rot = self._rotation(t)
         saved = {}
+        qkv = h.new_empty(b * t, dq + 2 * dkv)
         for i, layer in enumerate(self.layers):
-            qkv = _normed(h, layer.eps_in) @ layer.qkv.T  # [BT, Dq + 2Dkv]
+            for rows, out in zip(h.split(ROWS), qkv.split(ROWS)):
+                torch.mm(_normed(rows, layer.eps_in), layer.qkv.T, out=out)
             for lo, heads in ((0, nh), (dq, nkv)):  # rotate q, then k, in place
                 part = torch.view_as_complex(qkv[:, lo:lo + heads * hd].view(b, t, heads, hd // 2, 2))
                 part.mul_(rot)
@@ -123,8 +125,10 @@ class LeanLlama:
             k = qkv[:, dq:dq + dkv].view(b, t, nkv, hd).transpose(1, 2)
             v = qkv[:, dq + dkv:].view(b, t, nkv, hd).transpose(1, 2)
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=nkv != nh)
-            h.addmm_(att.transpose(1, 2).reshape(b * t, dq), layer.o.T)  # residual add inside the GEMM
-            for rows in h.split(MLP_ROWS):  # row blocks keep the [rows, 2I] GEMM output in cache
+            att = att.transpose(1, 2).reshape(b * t, dq)
+            for rows, att_rows in zip(h.split(ROWS), att.split(ROWS)):
+                rows.addmm_(att_rows, layer.o.T)  # the residual add inside the GEMM
+            for rows in h.split(ROWS):
                 gate_up = _normed(rows, layer.eps_post) @ layer.gate_up.T
                 inter = gate_up.shape[1] // 2
                 gate = F.silu(gate_up[:, :inter], inplace=True)
