@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -211,7 +212,8 @@ def _route(sources, cfg: MergeConfig, tallies, drops, tmp: str, n_buckets: int, 
     return [paths[b] for b in sorted(writers)]
 
 
-def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: str, export_jsonl: bool) -> str:
+def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: str,
+                   export_jsonl: bool) -> tuple[str, str]:
     """Bucket phase: sort each bucket by (key, id, source, source id), drop duplicates,
     append to train.parquet (and train.jsonl). Returns (content hash, sha256 of train.parquet)."""
     import pyarrow as pa
@@ -220,11 +222,12 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
     digest = hashlib.sha256()
     parquet_tmp = os.path.join(stage_dir, ".train.parquet.tmp")
     jsonl_tmp = os.path.join(stage_dir, ".train.jsonl.tmp")
-    sink = HashingFile(parquet_tmp)
-    writer = pq.ParquetWriter(sink, output_schema(), compression="zstd", use_dictionary=["source"],
-                              write_statistics=["num_tokens", "num_loss_tokens"])
-    jf = open(jsonl_tmp, "w") if export_jsonl else None
-    try:
+    with contextlib.ExitStack() as files:  # closed on any error too (the staged dir is discarded then)
+        sink = files.enter_context(HashingFile(parquet_tmp))
+        writer = files.enter_context(pq.ParquetWriter(sink, output_schema(), compression="zstd",
+                                                      use_dictionary=["source"],
+                                                      write_statistics=["num_tokens", "num_loss_tokens"]))
+        jf = files.enter_context(open(jsonl_tmp, "w")) if export_jsonl else None
         with BackgroundWriter(writer.write_table, name="merge-parquet") as background:
             for path in bucket_paths:
                 with pa.OSFile(path) as f:
@@ -262,11 +265,6 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
                         for a, b in zip(off[:-1], off[1:]):
                             jf.write(json.dumps({"input_ids": g_ids[a:b].tolist(),
                                                  "loss_mask": g_mask[a:b].tolist()}) + "\n")
-    finally:
-        writer.close()
-        sink.close()
-        if jf is not None:
-            jf.close()
     os.replace(parquet_tmp, os.path.join(stage_dir, "train.parquet"))
     if export_jsonl:
         os.replace(jsonl_tmp, os.path.join(stage_dir, "train.jsonl"))

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 _MODEL_TYPES = ("llama",)
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load time
 #: rows per GEMM block: at 8K rows the GEMM outputs leave the cache; on the 2-core dev machine the
 #: [rows, 2I] gate/up GEMM ran 22% slower, q/k/v 9% and o_proj 7% (1-2K rows measured best)
 ROWS = 2048
@@ -48,6 +49,10 @@ def supports(model) -> str | None:
     base = getattr(model, model.base_model_prefix)
     if not hasattr(base, "rotary_emb") or not hasattr(base.rotary_emb, "inv_freq"):
         return "no rotary_emb.inv_freq"
+    rope_type = getattr(base.rotary_emb, "rope_type", "default")
+    if rope_type not in _STATIC_ROPE:
+        # dynamic/longrope recompute inv_freq from each batch's length; the copy taken here would go stale
+        return f"rope_type {rope_type!r} (lean path: {', '.join(_STATIC_ROPE)})"
     if next(model.parameters()).dtype != torch.float32:
         return "not fp32"
     return None
@@ -94,7 +99,7 @@ class LeanLlama:
         self.embed = base.embed_tokens.weight.detach()
         self.layers = [_Layer(layer, self.n_heads, self.n_kv, self.head_dim) for layer in base.layers]
         self.final_norm, self.final_eps = base.norm.weight.detach(), base.norm.variance_epsilon
-        self.inv_freq = base.rotary_emb.inv_freq.detach().float()
+        self.inv_freq = base.rotary_emb.inv_freq.detach().float().clone()
         self.rope_scale = float(getattr(base.rotary_emb, "attention_scaling", 1.0))
         self.scale = getattr(base.layers[0].self_attn, "scaling", self.head_dim ** -0.5)
 

@@ -187,11 +187,11 @@ def parse_tokens(obj: Any, line: int, vocab_size: int | None) -> TokenRecord:
     if not isinstance(obj, dict):
         raise _Reject(NOT_OBJECT, f"got {type(obj).__name__}")
     arrays = []
-    for key in ("input_ids", "loss_mask"):
+    # Integers only (numpy would silently truncate 1.5); a mask may also be booleans (Parquet list<bool>).
+    for key, allowed in (("input_ids", (int,)), ("loss_mask", (int, bool))):
         values = obj.get(key)
         values = [] if values is None else values
-        # JSON integers only: numpy would silently truncate 1.5 or turn true into 1.
-        if not isinstance(values, list) or not all(type(v) is int for v in values):
+        if not isinstance(values, list) or not all(type(v) in allowed for v in values):
             raise _Reject(BAD_TOKENS, f"{key} must be a flat list of integers")
         try:
             arrays.append(np.asarray(values, dtype=np.int64))
@@ -234,8 +234,10 @@ class _FastTokens:
             self.parser = simdjson.Parser()
 
     def __call__(self, raw: bytes) -> tuple[np.ndarray, np.ndarray] | None:
-        # as_buffer flattens nested arrays, so take only lines whose two lists are the only brackets.
-        if self.parser is None or raw.count(b"[") != 2:
+        # as_buffer flattens nested arrays, so take only lines whose two lists are the only brackets;
+        # simdjson keeps the first of duplicate keys and json the last, so take only lines with one of each.
+        if (self.parser is None or raw.count(b"[") != 2 or raw.count(b'"input_ids"') != 1
+                or raw.count(b'"loss_mask"') != 1):
             return None
         try:
             doc = self.parser.parse(raw)
@@ -255,6 +257,8 @@ def _jsonl_lines(path: str, display: str) -> Iterator[tuple[int, bytes]]:
     try:
         with opener(path, "rb") as f:
             for line, raw in enumerate(f, 1):
+                if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]  # a UTF-8 byte-order mark (Windows editors) is not part of the record
                 if raw.strip():
                     yield line, raw
     except (OSError, EOFError, zlib.error) as e:

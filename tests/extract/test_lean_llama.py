@@ -36,6 +36,8 @@ def _hf_layers(model, ids, layers):
     {"head_dim": 16},  # head_dim != hidden / heads
     {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+    {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,  # attention_scaling != 1
+                         "original_max_position_embeddings": 16}},
 ])
 def test_matches_transformers_on_a_right_padded_batch(overrides):
     model = _llama(**overrides)
@@ -63,6 +65,9 @@ def test_interleave_permutation_pairs_rotary_halves():
     ({"attention_bias": True}, "biased"),
     ({"mlp_bias": True}, "biased"),
     ({"hidden_act": "gelu"}, "hidden_act"),
+    # inv_freq recomputed per batch length: a copy taken at load time would be wrong past max positions
+    ({"max_position_embeddings": 32, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 500.0, "factor": 2.0}},
+     "rope_type"),
 ])
 def test_unsupported_layouts_fall_back_with_a_reason(overrides, reason):
     model = _llama(**overrides)

@@ -52,7 +52,7 @@ def test_bad_message_lines_are_rejected_with_their_line(tmp_path, line, reason):
     ({"input_ids": [1, 2], "loss_mask": [0, 0]}, readers.NO_LOSS_TOKENS),
     ({"input_ids": ["a"], "loss_mask": [1]}, readers.BAD_TOKENS),
     ({"input_ids": [1.5, 2], "loss_mask": [0, 1]}, readers.BAD_TOKENS),  # never truncated to 1
-    ({"input_ids": [1, 2], "loss_mask": [0, True]}, readers.BAD_TOKENS),
+    ({"input_ids": [True, 2], "loss_mask": [0, 1]}, readers.BAD_TOKENS),
     ({"input_ids": [1, [2]], "loss_mask": [0, 1]}, readers.BAD_TOKENS),  # simdjson would flatten this
     ({"input_ids": [1, 2**64], "loss_mask": [0, 1]}, readers.ID_OUT_OF_RANGE),
     ({"loss_mask": [0, 1]}, readers.NO_TOKENS),
@@ -73,14 +73,16 @@ def test_simdjson_and_json_paths_give_the_same_records(tmp_path, monkeypatch):
              '{"input_ids": [1, 2], "loss_mask": [0, 1]',
              json.dumps({"input_ids": [1, 2], "loss_mask": [0, 1], "meta": {"tags": ["a"]}}),
              '{"input_ids": [1, 2], "loss_mask": [0, 1], "note": "caf\xe9"}',
-             json.dumps({"input_ids": [1, 200], "loss_mask": [1, 1]})]
+             json.dumps({"input_ids": [1, 200], "loss_mask": [1, 1]}),
+             '{"input_ids": [1, 2], "loss_mask": [0, 1], "input_ids": null}',  # duplicate key: json keeps the last
+             json.dumps({"input_ids": [1, 2], "loss_mask": [False, True]})]
     path = tmp_path / "t.jsonl"
     path.write_bytes(b"\n".join(line.encode("latin-1") for line in lines) + b"\n")
     calls = []
     real = readers._FastTokens.__call__
     monkeypatch.setattr(readers._FastTokens, "__call__", lambda self, raw: calls.append(raw) or real(self, raw))
     fast = _lines(path, "tokenized", vocab_size=100)
-    assert len(calls) == 7 and sum(real(readers._FastTokens(), c) is not None for c in calls) == 4
+    assert len(calls) == 9 and sum(real(readers._FastTokens(), c) is not None for c in calls) == 4
     monkeypatch.setattr(readers._FastTokens, "__call__", lambda self, raw: None)  # json.loads for every line
     slow = _lines(path, "tokenized", vocab_size=100)
 
@@ -89,9 +91,28 @@ def test_simdjson_and_json_paths_give_the_same_records(tmp_path, monkeypatch):
                  getattr(i, "loss_mask", np.zeros(0)).tolist()) for i in items]
     assert view(fast) == view(slow)
     assert [v[0] for v in view(fast)] == ["TokenRecord", "TokenRecord", "Rejected", "Rejected", "TokenRecord",
-                                          "Rejected", "Rejected"]
+                                          "Rejected", "Rejected", "Rejected", "TokenRecord"]
     assert [i.reason for i in fast if isinstance(i, Rejected)] == [
-        readers.MASK_NOT_BINARY, readers.MALFORMED_JSON, readers.INVALID_UTF8, readers.ID_OUT_OF_RANGE]
+        readers.MASK_NOT_BINARY, readers.MALFORMED_JSON, readers.INVALID_UTF8, readers.ID_OUT_OF_RANGE,
+        readers.NO_TOKENS]
+    assert fast[-1].loss_mask.tolist() == [0, 1]  # a boolean mask is a mask
+
+
+def test_byte_order_mark_on_the_first_line_is_not_a_reject(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"input_ids": [5, 6], "loss_mask": [0, 1]}).encode() + b"\n")
+    (item,) = _lines(path, "tokenized", vocab_size=100)
+    assert isinstance(item, TokenRecord) and item.input_ids.tolist() == [5, 6]
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n")
+    assert isinstance(_lines(path, "messages")[0], Conversation)
+
+
+def test_parquet_tokenized_with_a_boolean_mask(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array([[5, 6, 7]], pa.list_(pa.int32())),
+                             "loss_mask": pa.array([[False, True, True]], pa.list_(pa.bool_()))}), path)
+    (item,) = _lines(path, "tokenized", vocab_size=100)
+    assert isinstance(item, TokenRecord) and item.loss_mask.tolist() == [0, 1, 1]
 
 
 def test_sharegpt_gz_and_parquet_read_the_same(tmp_path):
