@@ -95,8 +95,8 @@ def main(argv=None) -> dict:
     import torch
 
     from eagle3.extract.capture import TargetCapture
-    from eagle3.extract.codec import OPTIONS, bytes_per_token
-    from eagle3.extract.stage import ExtractConfig, extract
+    from eagle3.storage_options import OPTIONS, bytes_per_token
+    from eagle3.extract import ExtractConfig, extract
     from eagle3.extract.store import HiddenStateStore
 
     cap = TargetCapture(args.model, "cpu")

@@ -78,9 +78,9 @@ def seed_style(src: str, out: str, max_len: int, seed: int) -> None:
 
 def convert_child(src: str, workdir: str) -> None:
     """`eagle3 tokenize` on a `tokenized` dataset: what a user runs once to ingest seed-format JSONL."""
-    from eagle3.tokenize.stage import TokenizeConfig, tokenize_dataset
+    from eagle3.tokenize.stage import DatasetConfig, tokenize_dataset
 
-    tokenize_dataset(TokenizeConfig(name="bench", source=src, format="tokenized", tokenizer=TOKENIZER,
+    tokenize_dataset(DatasetConfig(name="bench", source=src, format="tokenized", tokenizer=TOKENIZER,
                                     out=os.path.join(workdir, "prep")))
 
 

@@ -93,7 +93,7 @@ def main() -> int:
     from eagle3 import target
     from eagle3.tokenize.chat_mask import ChatMasker, ramp_chunk_sizes
     from eagle3.tokenize.readers import parse_conversation
-    from eagle3.tokenize.stage import TokenizeConfig, tokenize_dataset
+    from eagle3.tokenize.stage import DatasetConfig, tokenize_dataset
 
     tok_dir = target.resolve_model(target.SMOLLM2_ALIAS)
     tok = AutoTokenizer.from_pretrained(tok_dir)
@@ -122,7 +122,7 @@ def main() -> int:
         src.write_text("".join(json.dumps(r) + "\n" for r in records))
 
         def stage():
-            return tokenize_dataset(TokenizeConfig(name="bench", source=str(src), format="messages",
+            return tokenize_dataset(DatasetConfig(name="bench", source=str(src), format="messages",
                                                    tokenizer=tok_dir, out=str(Path(tmp, "prep")), force=True))
 
         # Rounds interleave the contenders, so a burst of load on this shared machine hits all of them.

@@ -1,28 +1,234 @@
-"""Typed stage configs: frozen dataclasses built from dicts that refuse unknown keys."""
+"""Typed stage configs: the one schema of every stage's settings (torch-free).
+
+Each stage has a frozen dataclass with a docstring under every field. The same
+class is the schema of the CLI (its flags, types, defaults and help are derived
+here, so argparse is no second schema), of the JSON a subprocess stage receives
+(``eagle3 <stage> --config cfg.json``) and of the DAG's Params (defaults and
+descriptions are read from the fields). Unknown keys are refused.
+"""
 
 from __future__ import annotations
 
+import argparse
+import ast
 import dataclasses
+import functools
+import inspect
+import json
+import textwrap
+import types
+import typing
 from typing import Any, TypeVar
 
 from eagle3.errors import InputError
 
 T = TypeVar("T")
 
+DEFAULT_SEED = 42
+"""The seed every seeded stage (regenerate, merge, train) starts from unless told otherwise."""
+
 
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     """Build dataclass ``cls`` from ``data``; unknown keys are an InputError
     naming the dotted key and listing the valid ones."""
+    if not isinstance(data, dict):
+        raise InputError(f"{where or cls.__name__}: expected a JSON object of {cls.__name__} fields, "
+                         f"got {type(data).__name__}")
     names = {f.name for f in dataclasses.fields(cls)}
+    prefix = f"{where}." if where else ""
     unknown = sorted(set(data) - names)
     if unknown:
-        prefix = f"{where}." if where else ""
         raise InputError(
             f"unknown key(s) {', '.join(prefix + k for k in unknown)} for {cls.__name__}; "
             f"valid keys: {', '.join(sorted(names))}"
         )
-    return cls(**data)
+    missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in data and _required(f))
+    if missing:
+        raise InputError(f"{cls.__name__} needs {', '.join(prefix + k for k in missing)}")
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: _coerce(v, hints[k], prefix + k) for k, v in data.items()})
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """JSON-able dict of a config (tuples become lists); ``from_dict`` inverts it."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def default(cls: type, name: str) -> Any:
+    """The default value of field ``name`` of ``cls`` (what the DAG's Params start from)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            raise KeyError(f"{cls.__name__}.{name} has no default")
+    raise KeyError(f"{cls.__name__} has no field {name!r}")
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: the docstring written under it} for a dataclass (and its bases)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for stmt, after in zip(body, body[1:] + [None]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[stmt.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+# ------------------------------------------------------------------ types
+def _parts(tp) -> tuple[Any, bool]:
+    """(the type without None, whether None is allowed)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return (args[0] if len(args) == 1 else typing.Union[tuple(args)]), len(args) < len(typing.get_args(tp))
+    return tp, False
+
+
+def _coerce(value: Any, tp, where: str) -> Any:
+    """Check (and gently convert: list -> tuple, int -> float) a JSON value for a field of type ``tp``."""
+    base, nullable = _parts(tp)
+    if value is None:
+        if nullable or tp is Any:
+            return None
+        raise InputError(f"{where} must not be null")
+    origin = typing.get_origin(base)
+    if base is Any or base is object:
+        return value
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+    elif base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif base is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif base is str:
+        if isinstance(value, str):
+            return value
+    elif origin is tuple:
+        if isinstance(value, (list, tuple)):
+            args = typing.get_args(base)
+            if len(args) == 2 and args[1] is Ellipsis:
+                return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+            if len(args) == len(value):
+                return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(args, value)))
+    elif origin in (dict, list) or base in (dict, list):
+        if isinstance(value, origin or base):
+            return value
+    elif typing.get_origin(base) in (typing.Union, types.UnionType):
+        return value
+    else:
+        return value
+    raise InputError(f"{where}={value!r} is not a {_type_name(tp)}")
+
+
+def _type_name(tp) -> str:
+    base, nullable = _parts(tp)
+    name = getattr(base, "__name__", str(base)).replace("typing.", "")
+    if typing.get_origin(base) is tuple:
+        name = "list"
+    return f"{name} or null" if nullable else name
+
+
+def _parse_text(text: str, tp, flag: str) -> Any:
+    """A command-line string -> a value of the field's type (lists are comma-separated)."""
+    base, nullable = _parts(tp)
+    if nullable and text.lower() in ("", "none", "null"):
+        return None
+    origin = typing.get_origin(base)
+    try:
+        if base is int:
+            return int(text)
+        if base is float:
+            return float(text)
+        if origin is tuple:
+            args = typing.get_args(base)
+            item = args[0]
+            values = [v.strip() for v in text.split(",") if v.strip()]
+            return tuple(_parse_text(v, item if args[-1] is Ellipsis else args[i], flag)
+                         for i, v in enumerate(values))
+        if origin is dict or base is dict:
+            return json.loads(text)
+    except (ValueError, IndexError, json.JSONDecodeError):
+        raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected {_type_name(tp)}") from None
+    return text
+
+
+# ------------------------------------------------------------------ CLI
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, aliases: dict[str, list[str]] | None = None,
+                         skip: tuple[str, ...] = (), choices: dict[str, tuple] | None = None) -> None:
+    """One flag per field of ``cls``: ``--field-name`` (plus ``aliases[field]``), typed, with the field's
+    docstring and default as help. Flags not given stay out of the namespace, so ``config_from_args``
+    lets the dataclass supply its defaults (one owner) and ``--config FILE`` fill the rest."""
+    aliases, choices = aliases or {}, choices or {}
+    docs, hints = field_docs(cls), typing.get_type_hints(cls)
+    group = parser.add_argument_group(f"{cls.__name__} fields (or all of them as JSON with --config)")
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        names = [flag_name(f.name), *aliases.get(f.name, [])]
+        tp = hints[f.name]
+        base, _ = _parts(tp)
+        help_text = docs.get(f.name, "")
+        if _required(f):
+            help_text += " (required)"
+        else:
+            help_text += f" (default: {default(cls, f.name)!r})"
+        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text.replace("%", "%%")}
+        if base is bool:
+            group.add_argument(*names, action=argparse.BooleanOptionalAction, **kwargs)
+            continue
+        metavar = "N" if base is int else "X" if base is float else "A,B" if typing.get_origin(base) is tuple else None
+        group.add_argument(*names, type=functools.partial(_parse_text, tp=tp, flag=names[0]),
+                           metavar=metavar, choices=choices.get(f.name), **kwargs)
+
+
+def config_from_args(cls: type[T], args: argparse.Namespace, base: dict[str, Any] | None = None) -> T:
+    """The config: ``--config`` JSON (if any), then ``base``, then the flags given on the command line."""
+    data: dict[str, Any] = {}
+    path = getattr(args, "config", None)
+    if path:
+        from eagle3 import storage
+
+        try:
+            data = storage.read_json(path)
+        except (OSError, ValueError) as e:
+            raise InputError(f"--config {path}: not a readable JSON file ({e})", file=path) from e
+    data.update(base or {})
+    names = {f.name for f in dataclasses.fields(cls)}
+    data.update({k: v for k, v in vars(args).items() if k in names})
+    return from_dict(cls, data, cls.__name__)
+
+
+def stage_cli(cls: type, stage, *, aliases: dict[str, list[str]] | None = None, skip: tuple[str, ...] = (),
+              choices: dict[str, tuple] | None = None):
+    """(add_arguments, run) of a stage subcommand whose flags are exactly ``cls``'s fields: ``run``
+    builds the config and returns ``stage(cfg)``'s summary, which `eagle3` prints and writes to --result."""
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        add_config_arguments(parser, cls, aliases=aliases, skip=skip, choices=choices)
+
+    def run(args: argparse.Namespace) -> dict:
+        return stage(config_from_args(cls, args))
+
+    return add_arguments, run

@@ -55,6 +55,28 @@ def visible_devices() -> list[str]:
     return []
 
 
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+def check_device(name: str, where: str = "device") -> str:
+    """Refuse anything but auto, cpu, cuda or cuda:<i>."""
+    if name in DEVICE_CHOICES or (isinstance(name, str) and name.startswith("cuda:") and name[5:].isdigit()):
+        return name
+    raise InputError(f"{where}={name!r}: use auto, cpu, cuda or cuda:<i>")
+
+
+def resolve_device(name: str = "auto") -> str:
+    """The device a stage computes on: "auto" is cuda when a GPU is visible, else cpu.
+
+    Decided without initialising CUDA in this process (a lease may still narrow
+    CUDA_VISIBLE_DEVICES, which CUDA reads once, at initialisation).
+    """
+    check_device(name)
+    if name != "auto":
+        return name
+    return "cuda" if visible_devices() else "cpu"
+
+
 @contextlib.contextmanager
 def lease_device(n: int = 1, root: str | None = None, device_count: int | None = None,
                  timeout_s: float | None = None, poll_s: float = 0.5) -> Iterator[list[int] | str]:

@@ -13,13 +13,12 @@ SGLang reuses the target's embedding).
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from eagle3 import storage
+from eagle3.config import stage_cli
 from eagle3.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -69,48 +68,13 @@ class ExportConfig:
             raise InputError(f"export dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
 
 
-def resolve_step_dir(checkpoint: str, step: int | None = None) -> str:
-    """The step folder to read: CKPT/latest.json's `dir`, CKPT/step-<n>, or CKPT itself."""
-    if step is not None:
-        candidates = [n for n in storage.list_files(checkpoint) if n.endswith("/model.safetensors")]
-        for name in candidates:
-            folder = name.split("/")[0]
-            if folder.startswith("step-") and int(folder[5:]) == step:
-                return storage.join(checkpoint, folder)
-        raise InputError(f"{checkpoint} has no step-{step} folder with a model.safetensors; "
-                         f"found {sorted(c.split('/')[0] for c in candidates)}")
-    latest = storage.join(checkpoint, "latest.json")
-    if storage.exists(latest):
-        pointer = storage.read_json(latest)
-        if "dir" not in pointer:
-            raise InputError(f"{latest} has no 'dir' key (expected {{'step': n, 'dir': 'step-<n>'}})", file=latest)
-        step_dir = storage.join(checkpoint, pointer["dir"])
-        if storage.exists(storage.join(step_dir, "model.safetensors")):
-            return step_dir
-        # A kill while re-saving the same step leaves the pointer dangling for a
-        # moment (eagle3/train/checkpoint.py); the newest complete folder is it.
-        steps = sorted(n.split("/")[0] for n in storage.list_files(checkpoint)
-                       if n.startswith("step-") and n.endswith("/model.safetensors"))
-        if steps:
-            return storage.join(checkpoint, steps[-1])
-        raise InputError(f"{latest} points at {pointer['dir']!r}, which has no model.safetensors", file=latest)
-    if storage.exists(storage.join(checkpoint, "model.safetensors")):
-        return checkpoint
-    raise InputError(f"{checkpoint} is neither a checkpoint folder (no latest.json) nor a step folder "
-                     "(no model.safetensors); pass the train stage's --out folder")
-
-
 def read_checkpoint(step_dir: str):
     """(DraftConfig, {name: tensor}) of one step folder."""
-    from safetensors.torch import load_file
-
+    from eagle3.checkpoint import CONFIG_FILE, read_step
     from eagle3.draft.config import DraftConfig
 
-    cfg_uri = storage.join(step_dir, "config.json")
-    raw = storage.read_json(cfg_uri)
-    cfg = DraftConfig.from_dict(raw.get("draft", raw), where=cfg_uri)
-    tensors = load_file(storage.local_path(storage.join(step_dir, "model.safetensors")))
-    return cfg, tensors
+    raw, tensors = read_step(step_dir)
+    return DraftConfig.from_dict(raw.get("draft", raw), where=storage.join(step_dir, CONFIG_FILE)), tensors
 
 
 def export_tensors(state: dict[str, Any], dtype: str, where: str) -> dict[str, Any]:
@@ -176,7 +140,9 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
     """Write DRAFT from the checkpoint; return a small summary."""
     from safetensors.torch import save
 
-    step_dir = resolve_step_dir(cfg.checkpoint, cfg.step)
+    from eagle3.checkpoint import resolve_step
+
+    step_dir = resolve_step(cfg.checkpoint, cfg.step)
     draft_cfg, state = read_checkpoint(step_dir)
     tensors = export_tensors(state, cfg.dtype, storage.join(step_dir, "model.safetensors"))
     blob = save(tensors, metadata={"format": "pt", "source": step_dir})
@@ -219,14 +185,4 @@ def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
     return model.to(torch.device(device)).eval()
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="CKPT folder (latest.json) or a step folder")
-    parser.add_argument("--out", required=True, help="DRAFT folder to write (local or s3://)")
-    parser.add_argument("--step", type=int, default=None, help="export step-<n> instead of the latest")
-    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="weight dtype (default bfloat16)")
-
-
-def run(args: argparse.Namespace) -> int:
-    summary = export(ExportConfig(checkpoint=args.checkpoint, out=args.out, step=args.step, dtype=args.dtype))
-    print(json.dumps(summary, indent=2))
-    return 0
+add_arguments, run = stage_cli(ExportConfig, export, choices={"dtype": DTYPES})

@@ -5,35 +5,68 @@ max), loss tokens, the share of samples at the max_seq_len cap, and the dataset'
 share of all samples and of all tokens. A dataset whose token share is far above
 its sample share (by default at least 2x and at least 10% of all tokens; the seed's
 A1 was 7% of the samples and 32% of the tokens) is flagged with the extraction cost
-it adds: tokens (truncated to max_seq_len) x (8H bytes for bf16 aux [3H] + last [H],
-plus 5 bytes of int32 id and uint8 mask), and hours at a given extraction speed.
+it adds: tokens (truncated to max_seq_len) x the storage option's bytes per token
+(eagle3.storage_options), and hours at a given extraction speed.
 
-Writes PREP/stats_table.json and PREP/stats_table.txt.
+Writes PREP/stats_table.json and PREP/stats_table.txt (and copies them to --out).
 
 example:
-  eagle3 stats --prepared prep/ --max-seq-len 8192 --hidden-size 7168
+  eagle3 stats --prepared prep/ --max-seq-len 8192 --model smollm2-135m-instruct --storage fp8
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import logging
+from dataclasses import dataclass
 from typing import Any
 
-from eagle3 import storage
+from eagle3 import storage, storage_options
+from eagle3.config import stage_cli
 from eagle3.errors import InputError
 from eagle3.progress import fmt_duration
 
-DEFAULT_HIDDEN_SIZE = 7168  # a large target (DeepSeek-V3 / Kimi-K2 class), where the cost matters
-DEFAULT_TOKENS_PER_S = 20_000.0  # assumed extraction speed of such a target on one GPU node
-ID_MASK_BYTES = 5  # int32 input id + uint8 loss mask per stored token
+log = logging.getLogger(__name__)
+
 FLAG_RATIO = 2.0
 FLAG_MIN_TOKEN_SHARE = 0.10
 
 
-def bytes_per_token(hidden_size: int) -> int:
-    """bf16 aux [3H] + last [H] = 8H bytes, plus the id and mask."""
-    return 8 * hidden_size + ID_MASK_BYTES
+@dataclass(frozen=True)
+class StatsConfig:
+    prepared: str
+    """Prepared folder PREP written by `eagle3 tokenize` (local or s3://)."""
+    out: str | None = None
+    """Also write stats_table.json/.txt here (the run's stats folder)."""
+    max_seq_len: int = 8192
+    """Samples at or above this many tokens count as at the cap; costs count tokens up to it."""
+    model: str | None = None
+    """Target whose hidden size prices the extraction (its config.json only is read)."""
+    hidden_size: int | None = None
+    """H when no model is given; default: storage_options.REFERENCE_HIDDEN_SIZE."""
+    storage: str = storage_options.DEFAULT
+    """Storage option the store will use (its bytes per token price the extraction)."""
+    tokens_per_s: float = storage_options.DEFAULT_EXTRACT_TOKENS_PER_S
+    """Extraction speed (all shards together) for the hours estimate."""
+    flag_ratio: float = FLAG_RATIO
+    """Flag a dataset whose token share is at least this many times its sample share ..."""
+    flag_min_token_share: float = FLAG_MIN_TOKEN_SHARE
+    """... and at least this share of all tokens."""
+
+    def __post_init__(self):
+        storage_options.option(self.storage)
+        if self.model and self.hidden_size:
+            raise InputError("StatsConfig: give model or hidden_size, not both")
+        if self.max_seq_len < 1 or (self.hidden_size is not None and self.hidden_size < 1) or self.tokens_per_s <= 0:
+            raise InputError(f"max_seq_len ({self.max_seq_len}), hidden_size ({self.hidden_size}) and "
+                             f"tokens_per_s ({self.tokens_per_s}) must be positive")
+
+    def resolved_hidden_size(self) -> int:
+        if self.model:
+            from eagle3 import target
+
+            return target.config_int(target.read_config(self.model), "hidden_size", self.model)
+        return self.hidden_size or storage_options.REFERENCE_HIDDEN_SIZE
 
 
 def _fmt_bytes(n: float) -> str:
@@ -52,17 +85,14 @@ def _dataset_names(prepared: str) -> list[str]:
     return names
 
 
-def compute_stats(prepared: str, max_seq_len: int = 8192, hidden_size: int = DEFAULT_HIDDEN_SIZE,
-                  tokens_per_s: float = DEFAULT_TOKENS_PER_S, flag_ratio: float = FLAG_RATIO,
-                  flag_min_token_share: float = FLAG_MIN_TOKEN_SHARE, write: bool = True) -> dict[str, Any]:
-    """The stats table of ``prepared`` as records, plus flags; writes stats_table.json/.txt when ``write``."""
+def compute_stats(cfg: StatsConfig, write: bool = True) -> dict[str, Any]:
+    """The stats table of ``cfg.prepared`` as records, plus flags; writes stats_table.json/.txt when ``write``."""
     import numpy as np
     import pandas as pd
     import pyarrow.parquet as pq
 
-    if max_seq_len < 1 or hidden_size < 1 or tokens_per_s <= 0:
-        raise InputError(f"max_seq_len ({max_seq_len}), hidden_size ({hidden_size}) and tokens_per_s "
-                         f"({tokens_per_s}) must be positive")
+    prepared, max_seq_len, hidden_size = cfg.prepared, cfg.max_seq_len, cfg.resolved_hidden_size()
+    tokens_per_s, flag_ratio, flag_min_token_share = cfg.tokens_per_s, cfg.flag_ratio, cfg.flag_min_token_share
     rows = []
     for name in _dataset_names(prepared):
         folder = storage.join(prepared, name)
@@ -85,7 +115,7 @@ def compute_stats(prepared: str, max_seq_len: int = 8192, hidden_size: int = DEF
     df = pd.DataFrame(rows)
     df["sample_share"] = df["samples"] / max(int(df["samples"].sum()), 1)
     df["token_share"] = df["tokens"] / max(int(df["tokens"].sum()), 1)
-    bpt = bytes_per_token(hidden_size)
+    bpt = storage_options.bytes_per_token(cfg.storage, hidden_size)
     df["extract_bytes"] = df["tokens_after_cap"] * bpt
     df["extract_hours"] = df["tokens_after_cap"] / tokens_per_s / 3600
     df["flagged"] = (df["token_share"] >= flag_ratio * df["sample_share"]) & (df["token_share"] >= flag_min_token_share)
@@ -101,7 +131,7 @@ def compute_stats(prepared: str, max_seq_len: int = 8192, hidden_size: int = DEF
     } for r in df[df["flagged"]].itertuples()]
     result = {
         "prepared": str(prepared), "max_seq_len": max_seq_len, "hidden_size": hidden_size,
-        "bytes_per_token": bpt, "tokens_per_s": tokens_per_s,
+        "storage": cfg.storage, "bytes_per_token": bpt, "tokens_per_s": tokens_per_s,
         "flag_rule": {"ratio": flag_ratio, "min_token_share": flag_min_token_share},
         "datasets": json.loads(df.to_json(orient="records")),
         "totals": {"samples": int(df["samples"].sum()), "tokens": int(df["tokens"].sum()),
@@ -135,56 +165,27 @@ def format_table(result: dict[str, Any]) -> str:
              f"total: {t['samples']} samples, {t['tokens']} tokens, {t['loss_tokens']} loss tokens; extraction "
              f"~{_fmt_bytes(t['extract_bytes'])}, ~{fmt_duration(t['extract_hours'] * 3600)} "
              f"at {result['tokens_per_s']:,.0f} tok/s "
-             f"(H={result['hidden_size']}, {result['bytes_per_token']} B/token, max_seq_len {result['max_seq_len']})"]
+             f"(H={result['hidden_size']}, {result['storage']}: {result['bytes_per_token']} B/token, "
+             f"max_seq_len {result['max_seq_len']})"]
     lines += [f"FLAG {f['message']}" for f in result["flags"]]
     return "\n".join(lines)
 
 
-def model_hidden_size(model: str) -> int:
-    """``hidden_size`` from a model's config.json (local dir, alias, or s3:// prefix, read without the weights)."""
-    if storage.is_s3(model):
-        config = storage.read_json(storage.join(model, "config.json"))
-    else:
-        from eagle3 import target
-
-        config = storage.read_json(storage.join(target.resolve_model(model), "config.json"))
-    hidden = config.get("hidden_size") or (config.get("text_config") or {}).get("hidden_size")
-    if not isinstance(hidden, int):
-        raise InputError(f"model {model!r}: config.json has no integer hidden_size; pass --hidden-size instead")
-    return hidden
-
-
-def run_stats(prepared: str, max_seq_len: int = 8192, model: str | None = None, out: str | None = None,
-              hidden_size: int | None = None, tokens_per_s: float = DEFAULT_TOKENS_PER_S) -> dict[str, Any]:
-    """compute_stats with the hidden size taken from ``model``; also copies the table files to ``out``.
-
-    Returns the stats dict plus ``table_text`` (the formatted table, for logs).
-    """
-    hidden = hidden_size or (model_hidden_size(model) if model else DEFAULT_HIDDEN_SIZE)
-    result = compute_stats(prepared, max_seq_len=max_seq_len, hidden_size=hidden, tokens_per_s=tokens_per_s)
+def stats(cfg: StatsConfig) -> dict[str, Any]:
+    """The stats table of the prepared folder (logged, and copied to ``cfg.out``); returns it."""
+    result = compute_stats(cfg)
     text = format_table(result)
-    if out:
-        storage.write_json(storage.join(out, "stats_table.json"), result)
-        storage.write_text(storage.join(out, "stats_table.txt"), text + "\n")
-    return {**result, "table_text": text}
+    if cfg.out:
+        storage.write_json(storage.join(cfg.out, "stats_table.json"), result)
+        storage.write_text(storage.join(cfg.out, "stats_table.txt"), text + "\n")
+    log.info("dataset statistics:\n%s", text)
+    return result
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prepared", required=True, metavar="PREP", help="prepared folder written by eagle3 tokenize")
-    parser.add_argument("--max-seq-len", type=int, default=8192, metavar="N",
-                        help="samples at or above N tokens count as at the cap (default 8192)")
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--hidden-size", type=int, metavar="H",
-                      help=f"target hidden size for the extraction cost (default {DEFAULT_HIDDEN_SIZE})")
-    size.add_argument("--model", metavar="T", help="read the hidden size from this model's config.json instead")
-    parser.add_argument("--out", metavar="DIR",
-                        help="also write stats_table.json/.txt here (e.g. the run's stats folder)")
-    parser.add_argument("--tokens-per-s", type=float, default=DEFAULT_TOKENS_PER_S, metavar="F",
-                        help=f"assumed extraction speed for the hours estimate (default {DEFAULT_TOKENS_PER_S:,.0f})")
+def _stats_with_table(cfg: StatsConfig) -> dict[str, Any]:
+    result = stats(cfg)
+    print(format_table(result))
+    return result
 
 
-def run(args: argparse.Namespace) -> int:
-    result = run_stats(args.prepared, max_seq_len=args.max_seq_len, model=args.model, out=args.out,
-                       hidden_size=args.hidden_size, tokens_per_s=args.tokens_per_s)
-    print(result["table_text"])
-    return 0
+add_arguments, run = stage_cli(StatsConfig, _stats_with_table, choices={"storage": tuple(storage_options.OPTIONS)})

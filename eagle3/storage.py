@@ -5,10 +5,10 @@ gives may be local or on S3. Writes are atomic: a local file is written to a
 temporary name and renamed; an S3 object appears only when its single PUT or
 its multipart upload completes.
 
-S3 settings come from the environment, as boto3 reads them
-(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``),
-plus ``EAGLE3_S3_ENDPOINT_URL`` (or boto3's own ``AWS_ENDPOINT_URL``) for an
-S3-compatible store. The Airflow operators fill these from a connection.
+S3 settings come from :func:`configure_s3` (the Airflow operators pass their
+connection's), else from the environment as boto3 reads it (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``), plus ``EAGLE3_S3_ENDPOINT_URL``
+(or boto3's own ``AWS_ENDPOINT_URL``) for an S3-compatible store.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -47,21 +48,52 @@ def split_s3(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+@dataclass(frozen=True)
+class S3Settings:
+    """Where and how to reach S3. Unset fields fall back to what boto3 reads itself (environment, files)."""
+
+    endpoint_url: str | None = None
+    """An S3-compatible endpoint (MinIO, moto, ...); None: AWS."""
+    access_key: str | None = None
+    secret_key: str | None = None
+    region: str | None = None
+
+    def env(self) -> dict[str, str]:
+        """The same settings as environment variables, for a child process (never this process's own)."""
+        pairs = {ENDPOINT_ENV: self.endpoint_url, "AWS_ACCESS_KEY_ID": self.access_key,
+                 "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_DEFAULT_REGION": self.region}
+        return {k: v for k, v in pairs.items() if v}
+
+
+ENDPOINT_ENV = "EAGLE3_S3_ENDPOINT_URL"
+_settings: S3Settings | None = None
+
+
+def configure_s3(settings: S3Settings | None) -> None:
+    """Use these S3 settings in this process (the Airflow operators pass their connection's); None: the
+    environment again."""
+    global _settings
+    _settings = settings
+    reset_client()
+
+
 @functools.lru_cache(maxsize=None)
 def _client():
     import boto3
     from botocore.config import Config
 
-    endpoint = os.environ.get("EAGLE3_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL")
+    s = _settings or S3Settings()
+    endpoint = s.endpoint_url or os.environ.get(ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL")
     return boto3.client(
         "s3",
         endpoint_url=endpoint or None,
+        aws_access_key_id=s.access_key, aws_secret_access_key=s.secret_key, region_name=s.region,
         config=Config(retries={"max_attempts": 5, "mode": "standard"}),
     )
 
 
 def reset_client() -> None:
-    """Forget the cached client (after the environment changed)."""
+    """Forget the cached client (after the settings or the environment changed)."""
     _client.cache_clear()
 
 
@@ -109,19 +141,84 @@ def read_json(uri: str | os.PathLike) -> Any:
     return json.loads(read_bytes(uri))
 
 
-def _atomic_local_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+TMP_SUFFIX = ".tmp"
+"""Every temporary file or folder this package makes next to a destination is ``.<name>.<random>.tmp``:
+a reader never takes one for an artifact, and leftovers of a killed run can be found and swept."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_file(uri: str | os.PathLike) -> Iterator[Path]:
+    """A local path to write a file into; when the block ends without error it appears at ``uri`` whole.
+
+    Local: a temporary name in the destination folder, fsynced and renamed over ``uri``. S3: a temporary
+    local file, uploaded (multipart above MULTIPART_THRESHOLD; an object is visible only once complete).
+    On error nothing is published and the temporary file is removed.
+    """
+    uri = str(uri)
+    if is_s3(uri):
+        with tempfile.TemporaryDirectory(prefix="eagle3-upload-") as tmp:
+            path = Path(tmp, uri.rsplit("/", 1)[-1])
+            yield path
+            _upload(path, uri)
+        return
+    dest = Path(uri)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=TMP_SUFFIX, dir=dest.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        os.replace(tmp, dest)
+    finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(uri: str | os.PathLike) -> Iterator[Path]:
+    """A local folder to fill; when the block ends without error it appears at ``uri`` whole.
+
+    Local: a temporary folder beside ``uri``, renamed into place; an existing folder of that name is
+    moved aside first and removed after (a kill between the two renames leaves the old one under a
+    ``.tmp`` name and nothing at ``uri``, never a half-written folder). S3: the files are uploaded
+    one by one; callers that need all-or-nothing on S3 write a pointer file last (checkpoints do).
+    """
+    uri = str(uri)
+    if is_s3(uri):
+        with tempfile.TemporaryDirectory(prefix="eagle3-upload-") as tmp:
+            yield Path(tmp)
+            for p in sorted(Path(tmp).rglob("*")):
+                if p.is_file():
+                    _upload(p, join(uri, str(p.relative_to(tmp))))
+        return
+    dest = Path(uri)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=TMP_SUFFIX, dir=dest.parent))
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        if dest.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".old" + TMP_SUFFIX, dir=dest.parent))
+            os.rename(dest, trash / dest.name)
+            os.rename(tmp, dest)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp, dest)
+        _fsync_dir(dest.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_bytes(uri: str | os.PathLike, data: bytes) -> str:
@@ -131,7 +228,8 @@ def write_bytes(uri: str | os.PathLike, data: bytes) -> str:
         bucket, key = split_s3(uri)
         _client().put_object(Bucket=bucket, Key=key, Body=data)
     else:
-        _atomic_local_write(Path(uri), data)
+        with atomic_file(uri) as path:
+            path.write_bytes(data)
     return sha256_bytes(data)
 
 
@@ -143,33 +241,39 @@ def write_json(uri: str | os.PathLike, obj: Any) -> str:
     return write_bytes(uri, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
-def put_file(local_path: str | os.PathLike, uri: str | os.PathLike) -> str:
-    """Copy a local file to ``uri`` atomically; return its sha256.
+def _upload(local_path: str | os.PathLike, uri: str) -> None:
+    from boto3.s3.transfer import TransferConfig
 
-    On S3, files over MULTIPART_THRESHOLD go up as a multipart upload, which
-    becomes visible only once complete.
-    """
+    bucket, key = split_s3(uri)
+    cfg = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD)
+    _client().upload_file(str(local_path), bucket, key, Config=cfg)
+
+
+def put_file(local_path: str | os.PathLike, uri: str | os.PathLike) -> str:
+    """Copy a local file to ``uri`` atomically; return its sha256."""
     uri, local_path = str(uri), str(local_path)
     digest = sha256_file(local_path)
     if is_s3(uri):
-        from boto3.s3.transfer import TransferConfig
-
-        bucket, key = split_s3(uri)
-        cfg = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD)
-        _client().upload_file(local_path, bucket, key, Config=cfg)
+        _upload(local_path, uri)
     elif os.path.abspath(local_path) != os.path.abspath(uri):
-        dest = Path(uri)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-        os.close(fd)
-        try:
+        with atomic_file(uri) as tmp:
             shutil.copyfile(local_path, tmp)
-            os.replace(tmp, dest)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
     return digest
+
+
+def publish_file(local_path: str | os.PathLike, uri: str | os.PathLike) -> None:
+    """Move a finished local file to ``uri`` atomically (a rename when both are local; an upload to S3)."""
+    uri = str(uri)
+    if is_s3(uri):
+        _upload(local_path, uri)
+        os.unlink(local_path)
+        return
+    Path(uri).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(local_path, uri)
+    except OSError:  # another file system: copy, then drop the original
+        put_file(local_path, uri)
+        os.unlink(local_path)
 
 
 def get_file(uri: str | os.PathLike, local_path: str | os.PathLike) -> None:

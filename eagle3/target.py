@@ -13,8 +13,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 
 from eagle3 import storage
@@ -47,8 +45,6 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s to %s (one time, ~30 s)", gguf, dest)
-    tmp = dest.with_name(dest.name + ".converting")
-    shutil.rmtree(tmp, ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # The GGUF weights are now plain fp32 tensors; drop the quantizer marker so
@@ -57,14 +53,12 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    (tmp / "eagle3_conversion.json").write_text(
-        json.dumps({"source": str(gguf), "version": _CONVERSION_VERSION}, indent=2)
-    )
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+    with storage.atomic_dir(dest) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / "eagle3_conversion.json").write_text(
+            json.dumps({"source": str(gguf), "version": _CONVERSION_VERSION}, indent=2)
+        )
 
 
 def resolve_model(name: str) -> str:
@@ -87,6 +81,41 @@ def resolve_model(name: str) -> str:
             f"model {name!r} is neither the alias {SMOLLM2_ALIAS!r} nor a directory with a config.json"
         )
     return name
+
+
+def read_config(name: str) -> dict:
+    """The target's config.json as a dict: the one reader of it (local dir, alias, or an s3:// prefix, read
+    without downloading the weights). Multimodal configs keep the text model under ``text_config``; its keys
+    are lifted to the top level (what the draft and the stages need is the language model's shape)."""
+    if storage.is_s3(name):
+        uri = storage.join(name, "config.json")
+        if not storage.exists(uri):
+            raise InputError(f"model {name!r}: no config.json under that s3 prefix")
+        config = storage.read_json(uri)
+    else:
+        path = Path(resolve_model(name), "config.json")
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(f"unreadable model config ({e})", file=str(path)) from e
+    if not isinstance(config, dict):
+        raise InputError(f"model {name!r}: config.json is not a JSON object")
+    text = config.get("text_config")
+    return {**config, **text} if isinstance(text, dict) else config
+
+
+def config_int(config: dict, key: str, model: str) -> int:
+    """An integer entry of a target config, or an InputError naming the model and key."""
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InputError(f"model {model!r}: config.json has no positive integer {key!r} (got {value!r})")
+    return value
+
+
+def vocab_size(config: dict, model: str = "target") -> int:
+    """V: the lm_head's row count (config.json ``vocab_size``), which may exceed ``len(tokenizer)``
+    (Qwen: 151,936 rows for 151,665 tokens). d2t/t2d and every id check use this."""
+    return config_int(config, "vocab_size", model)
 
 
 def fingerprint_files(paths: list[Path], extra: str = "") -> str:

@@ -68,9 +68,9 @@ def load_target_head(model_dir: str) -> torch.Tensor:
 
 
 def _num_layers(model_dir: str) -> int:
-    from eagle3.target import resolve_model
+    from eagle3.target import config_int, read_config
 
-    return int(json.loads((Path(resolve_model(model_dir)) / "config.json").read_text())["num_hidden_layers"])
+    return config_int(read_config(model_dir), "num_hidden_layers", model_dir)
 
 
 def build_draft(cfg: DraftConfig, target_dir: str, d2t: torch.Tensor, t2d: torch.Tensor,

@@ -116,10 +116,9 @@ class DraftConfig:
     def from_target_dir(cls, model_dir: str, draft_vocab_size: int,
                         aux_layer_ids: list[int] | None = None, **extra: Any) -> "DraftConfig":
         """`from_target` on ``model_dir/config.json`` (local or s3)."""
-        from eagle3 import storage
+        from eagle3.target import read_config
 
-        return cls.from_target(storage.read_json(storage.join(model_dir, "config.json")),
-                               draft_vocab_size, aux_layer_ids, **extra)
+        return cls.from_target(read_config(model_dir), draft_vocab_size, aux_layer_ids, **extra)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict; `from_dict` inverts it. This is the checkpoint's config.json."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from eagle3.evaluate.metrics import simulated_acceptance_length as sim_accept_len  # one definition
+from eagle3.acceptance import simulated_acceptance_length as sim_accept_len  # one definition
 
 from eagle3.draft.model import Eagle3Draft
 

@@ -261,6 +261,14 @@ class SGLangBenchmark:
         return {k: v for k, v in report.items() if k != "phases"}
 
 
+def from_evaluate_config(cfg) -> SGLangBenchConfig:
+    """The SGLang benchmark of an evaluate stage config (a chain: num_draft_tokens = steps + 1)."""
+    return SGLangBenchConfig(target=cfg.model, draft=cfg.draft, out=cfg.out, prompts=cfg.prompts,
+                             num_steps=cfg.steps, num_draft_tokens=cfg.steps + 1, limit=cfg.limit,
+                             max_new_tokens=cfg.max_new_tokens, tp=cfg.tp,
+                             gpus=list(cfg.gpus) if cfg.gpus else None, port=cfg.port or 30000)
+
+
 def sglang_benchmark(cfg: SGLangBenchConfig) -> dict:
     """Run both phases and write ``cfg.out``/sglang_report.json; returns its summary."""
     return SGLangBenchmark(cfg).run()

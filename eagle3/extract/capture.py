@@ -19,25 +19,15 @@ lm_head to real tokens only.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
 from eagle3.errors import InputError
+from eagle3.oom import maybe_inject
 from eagle3.extract import lean_llama
 from eagle3.target import default_aux_layers, load_model
 
 log = logging.getLogger(__name__)
-
-#: fault injector: raise torch.OutOfMemoryError when a batch holds more than this many (padded) tokens
-INJECT_OOM_ENV = "EAGLE3_INJECT_OOM_ABOVE_TOKENS"
-
-
-def is_oom(exc: BaseException) -> bool:
-    """A CUDA (or injected) out-of-memory error."""
-    return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc))
-
 
 class TargetCapture:
     """The target model, ready to return per-token features of real tokens."""
@@ -80,10 +70,7 @@ class TargetCapture:
         """
         lengths = [len(s) for s in seqs]
         width = max(lengths)
-        limit = os.environ.get(INJECT_OOM_ENV)
-        if limit and len(seqs) * width > int(limit):
-            raise torch.OutOfMemoryError(
-                f"injected by {INJECT_OOM_ENV}={limit}: batch of {len(seqs)}x{width} tokens")
+        maybe_inject(len(seqs) * width, f"batch of {len(seqs)}x{width}")
         ids = torch.zeros(len(seqs), width, dtype=torch.long)
         mask = torch.zeros(len(seqs), width, dtype=torch.long)
         for i, s in enumerate(seqs):

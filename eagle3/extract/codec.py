@@ -1,23 +1,11 @@
-"""Storage options of the hidden-state store: how per-token features become shard tensors.
+"""Encode and decode the per-token tensors of each storage option.
 
-Every option stores, per token, the target's aux features (the outputs of the
-aux layers, concatenated, [T, 3H]) and something from which the target's
-next-token distribution can be rebuilt. Per-token bytes (H = hidden size,
-ids/mask add 5 more bytes, offsets 8 bytes per sample):
-
-``bf16`` (baseline, 8H bytes)
-    ``aux`` bf16 [T, 3H]; ``last`` bf16 [T, H] = the final-norm hidden state
-    (what feeds lm_head).
-``fp8`` (4H + 8 bytes)
-    ``aux`` float8_e4m3fn [T, 3H] with ``aux_scale`` bf16 [T, 3] (one scale per
-    token and aux layer: aux[:, k*H:(k+1)*H] ≈ aux_q.float() * aux_scale[:, k:k+1]);
-    ``last`` float8_e4m3fn [T, H] with ``last_scale`` bf16 [T, 1].
-``fp8-topk`` (3H + 6 + 6K bytes, K = 16 → 3H + 102)
-    ``aux`` as in ``fp8``; instead of ``last`` the target's top-K next-token
-    log-probs: ``topk_ids`` int32 [T, K] (target vocab ids, best first) and
-    ``topk_logprobs`` float16 [T, K] (log-softmax over the FULL vocab, not
-    renormalized). The rest of the distribution (≈ 1 - Σ exp(topk_logprobs)) is
-    not kept.
+Which tensors an option stores, their dtypes and bytes per token are owned by
+:mod:`eagle3.storage_options`; this module turns the target's features into
+exactly those tensors and back. fp8 scales are per token and aux layer:
+``aux[:, k*H:(k+1)*H] ≈ aux_q.float() * aux_scale[:, k:k+1]``. ``topk_logprobs``
+are the log-softmax over the FULL vocab, best first, not renormalized (the rest of
+the distribution is not kept).
 
 The reader decodes: ``aux`` always comes back as a float tensor [T, 3H]; the
 target side comes back as ``last`` [T, H] (``bf16``/``fp8``) or as ``topk_ids``
@@ -29,40 +17,11 @@ from __future__ import annotations
 
 import torch
 
+from eagle3.storage_options import TOPK, option
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-TOPK = 16
 _LOGIT_ROWS = 1024  # rows of [rows, V] logits computed at once for top-k
-
-#: option name -> what it stores for the target distribution
-OPTIONS = {
-    "bf16": "last",
-    "fp8": "last",
-    "fp8-topk": "topk",
-}
-
-
-def check_option(storage: str) -> str:
-    from eagle3.errors import InputError
-
-    if storage not in OPTIONS:
-        raise InputError(f"unknown storage option {storage!r}; use one of: {', '.join(OPTIONS)}")
-    return storage
-
-
-def bytes_per_token(storage: str, hidden_size: int, topk: int = TOPK) -> int:
-    """Stored bytes per token for the features, plus 4 (input_ids int32) + 1 (loss_mask)."""
-    h = hidden_size
-    feats = {
-        "bf16": 8 * h,
-        "fp8": 3 * h + 6 + h + 2,
-        "fp8-topk": 3 * h + 6 + topk * (4 + 2),
-    }[check_option(storage)]
-    return feats + 5
-
-
-def needs_lm_head(storage: str) -> bool:
-    return OPTIONS[check_option(storage)] == "topk"
 
 
 def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +48,7 @@ def encode(storage: str, aux: torch.Tensor, last: torch.Tensor, lm_head=None, to
     aux: [T, 3H] float (any device); last: [T, H] final-norm hidden state;
     lm_head: callable [T, H] -> [T, V] logits, needed by ``fp8-topk`` only.
     """
-    check_option(storage)
+    option(storage)
     n_aux = aux.shape[-1] // last.shape[-1]
     if storage == "bf16":
         return {"aux": aux.to(torch.bfloat16).cpu(), "last": last.to(torch.bfloat16).cpu()}

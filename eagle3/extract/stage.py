@@ -16,9 +16,10 @@ import glob
 import logging
 import os
 import time
-from dataclasses import dataclass
 
 from eagle3 import storage as st
+from eagle3 import storage_options
+from eagle3.extract.config import ExtractConfig
 from eagle3.errors import GpuOutOfMemory, InputError
 from eagle3.extract import codec
 from eagle3.extract.plan import (Sample, cut_batches, cut_shards, in_task, order, padding_share, parse_shard,
@@ -27,47 +28,6 @@ from eagle3.extract.plan import (Sample, cut_batches, cut_shards, in_task, order
 log = logging.getLogger(__name__)
 
 SLOW_SHARD_ENV = "EAGLE3_EXTRACT_SLOW_SHARD_S"  # test hook: sleep before publishing each shard
-
-
-@dataclass(frozen=True)
-class ExtractConfig:
-    merged: str
-    """Merged folder (holding train.parquet) or the train.parquet itself; local or s3://."""
-    model: str
-    """Target: HF causal-LM directory, s3:// prefix, or the alias smollm2-135m-instruct."""
-    out: str
-    """Store root; the store goes into <out>/<model_fp>-L<a>_<b>_<c>-<storage>/."""
-    shard: str = "0/1"
-    """This task's part, I/N: takes the samples whose id hash is I mod N."""
-    layers: tuple[int, ...] | None = None
-    """Aux layer ids (3); None: [1, L/2-1, L-4]."""
-    storage: str = "bf16"
-    """Storage option: bf16 (8H bytes/token), fp8 (4H+8) or fp8-topk (3H+102); see eagle3.extract.codec."""
-    token_budget: int = 8192
-    """Padded tokens per forward pass (batch size x longest sample). Halved after an OOM."""
-    shard_mb: float = 256
-    """Target shard size in MiB (of per-token payload)."""
-    device: str = "auto"
-    """cpu, cuda, or auto (cuda when a GPU is visible)."""
-    tokens_per_s: float | None = None
-    """Throughput for the up-front estimate; None: measured on the first batch."""
-    lease_root: str | None = None
-    """Folder of the GPU lease lock files (eagle3.devices); None: $EAGLE3_LEASE_DIR or /tmp/eagle3-gpu-leases."""
-    progress_every_s: float = 10.0
-    """Seconds between progress lines."""
-    lean_forward: bool = True
-    """On CPU, run plain Llama targets through eagle3.extract.lean_llama (same numbers, faster);
-    False: always the transformers forward."""
-
-    def __post_init__(self):
-        if self.layers is not None:
-            object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
-        codec.check_option(self.storage)
-        parse_shard(self.shard)
-        if self.token_budget < 1 or self.shard_mb <= 0:
-            raise InputError(f"token_budget={self.token_budget}, shard_mb={self.shard_mb}: need token_budget >= 1 and shard_mb > 0")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise InputError(f"device={self.device!r}: use cpu, cuda or auto")
 
 
 class MergedTokens:
@@ -112,14 +72,6 @@ def read_merged(uri: str) -> tuple[list[Sample], MergedTokens]:
     return out, tokens
 
 
-def _resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    from eagle3.devices import visible_devices
-
-    return "cuda" if visible_devices() else "cpu"
-
-
 def _clean_stale_tmp(uri: str, task: str) -> None:
     """A killed run may leave half-written temp files of this task; drop them."""
     if not st.is_s3(uri):
@@ -128,11 +80,11 @@ def _clean_stale_tmp(uri: str, task: str) -> None:
             os.unlink(p)
 
 
-def extract(cfg: ExtractConfig) -> dict:
+def run(cfg: ExtractConfig) -> dict:
     """Run one extraction task; returns a JSON-able summary."""
-    from eagle3.devices import lease_device
+    from eagle3.devices import lease_device, resolve_device
 
-    device = _resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
     # "cuda" leases a free GPU; an explicit "cuda:N" is the caller's choice and takes no lease.
     with lease_device(1 if device == "cuda" else 0, root=cfg.lease_root) as leased:
         if device == "cuda" and leased != "cpu":
@@ -144,7 +96,8 @@ def extract(cfg: ExtractConfig) -> dict:
 
 
 def _extract_on(cfg: ExtractConfig, device: str) -> dict:
-    from eagle3.extract.capture import TargetCapture, is_oom
+    from eagle3.errors import is_oom
+    from eagle3.extract.capture import TargetCapture
     from eagle3.extract.store import StoreWriter
     from eagle3.progress import Progress
     from eagle3.target import model_fingerprint, resolve_model
@@ -167,7 +120,7 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
         if adapted < budget:
             log.info("token budget %d from %s (after an out-of-memory), not %d", adapted, writer.adapt_path(), budget)
             budget = adapted
-    bpt = codec.bytes_per_token(cfg.storage, cap.hidden_size)
+    bpt = storage_options.bytes_per_token(cfg.storage, cap.hidden_size)
     shards = cut_shards(todo, max(1, int(cfg.shard_mb * 2**20) // bpt))
     plan = [cut_batches(sh, budget) for sh in shards]
     real, padded = padding_share([b for batches in plan for b in batches])
@@ -270,12 +223,3 @@ def _estimate(cfg: ExtractConfig, tokens: int, samples: int, bpt: int, measured_
 def _persist_halved_budget(path: str, budget: int, batch: list[Sample], err: BaseException) -> None:
     st.write_json(path, {"token_budget": max(1, budget // 2), "previous_token_budget": budget,
                          "failed_batch": f"{len(batch)}x{max(lengths_of(batch))}", "error": str(err)[:300]})
-
-
-def config_from_dict(data: dict) -> ExtractConfig:
-    from eagle3.config import from_dict
-
-    return from_dict(ExtractConfig, data, "extract")
-
-
-__all__ = ["ExtractConfig", "extract", "read_merged", "config_from_dict"]

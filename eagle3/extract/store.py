@@ -30,15 +30,12 @@ options (dequantized); call ``.float()`` either way.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
-from pathlib import Path
 
 from eagle3 import storage as st
 from eagle3.errors import InputError
-from eagle3.extract.codec import OPTIONS, TOPK, bytes_per_token, check_option, decode, target_logprobs
+from eagle3.extract.codec import decode, target_logprobs
+from eagle3.storage_options import TOPK, bytes_per_token, option
 
 __all__ = ["HiddenStateStore", "StoreWriter", "store_key", "target_logprobs", "FORMAT"]
 
@@ -48,7 +45,7 @@ _PER_SAMPLE = ("input_ids", "loss_mask", "offsets")
 
 def store_key(model_fp: str, layers: list[int], storage: str) -> str:
     """Folder name of one store: model fingerprint, aux layer ids and storage option."""
-    return f"{model_fp}-L{'_'.join(str(i) for i in layers)}-{check_option(storage)}"
+    return f"{model_fp}-L{'_'.join(str(i) for i in layers)}-{option(storage).name}"
 
 
 class StoreWriter:
@@ -66,7 +63,7 @@ class StoreWriter:
         self.info = {
             "format": FORMAT, "model_fingerprint": model_fp, "model_name": model_name,
             "layers": list(layers), "hidden_size": hidden_size, "vocab_size": vocab_size, "storage": storage,
-            "topk": TOPK if OPTIONS[storage] == "topk" else None,
+            "topk": TOPK if option(storage).target == "topk" else None,
             "bytes_per_token": bytes_per_token(storage, hidden_size),
         }
         self._index: dict | None = None
@@ -173,24 +170,9 @@ def save_safetensors(tensors: dict, path: str, metadata: dict[str, str]) -> None
 
 def _atomic_save(dir_uri: str, name: str, save) -> str:
     """Run ``save(local_path)`` and publish the file at dir_uri/name atomically; return its sha256."""
-    if not st.is_s3(dir_uri):
-        Path(dir_uri).mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=dir_uri)
-        os.close(fd)
-        try:
-            save(tmp)
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            digest = st.sha256_file(tmp)
-            os.replace(tmp, os.path.join(dir_uri, name))
-            return digest
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-    with tempfile.TemporaryDirectory(prefix="eagle3-shard-") as tmp:
-        path = os.path.join(tmp, name)
-        save(path)
-        return st.put_file(path, st.join(dir_uri, name))  # multipart above MULTIPART_THRESHOLD
+    with st.atomic_file(st.join(dir_uri, name)) as tmp:
+        save(str(tmp))
+        return st.sha256_file(tmp)
 
 
 def _read_indexes(uri: str) -> tuple[dict, dict]:

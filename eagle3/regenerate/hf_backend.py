@@ -40,7 +40,9 @@ class HFBackend:
         self.tok.padding_side = "left"  # generation continues from the right end of every row
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
-        self.model = target.load_model(self.model_name, self.device)
+        from eagle3.devices import resolve_device
+
+        self.model = target.load_model(self.model_name, resolve_device(self.device))
         self.torch = torch
         if self.seed is not None:
             torch.manual_seed(self.seed)

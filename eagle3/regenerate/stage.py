@@ -14,105 +14,18 @@ import logging
 import os
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Iterator
 
 from eagle3 import storage
-from eagle3.errors import Eagle3Error, InputError
+from eagle3.errors import InputError
 from eagle3.progress import Progress
 from eagle3.regenerate import output
+from eagle3.regenerate.config import RegenerateConfig, TooManyErrors
 from eagle3.regenerate.conversations import BadRecord, Conversation, read_conversations
 from eagle3.regenerate.replay import Completion, RequestFailed, replay
 
 log = logging.getLogger(__name__)
-
-BACKENDS = ("hf", "openai")
-
-
-class TooManyErrors(Eagle3Error):
-    """More requests failed than ``max_error_share`` allows; a retry resumes where this run stopped."""
-
-
-@dataclass(frozen=True)
-class RegenerateConfig:
-    manifest: str
-    """The dataset manifest (YAML); datasets with ``regenerate: true`` are regenerated."""
-    out: str
-    """Output folder (local or s3://): ``<dataset>/regenerated.jsonl``, stats.json, errors.jsonl, manifest.yaml."""
-    backend: str = "hf"
-    """``hf`` (transformers, in-process; the embedded default) or ``openai`` (any /v1/chat/completions server)."""
-    model: str = "smollm2-135m-instruct"
-    """hf: model directory or alias. openai: the model name the server serves (sent as ``model``)."""
-    datasets: tuple[str, ...] = ()
-    """Only these datasets (each must have regenerate: true); empty means all that have it."""
-    base_url: str | None = None
-    """openai: server URL (``http://h:p`` or ``.../v1``); default $EAGLE3_OPENAI_BASE_URL, then $OPENAI_BASE_URL."""
-    api_key_env: str = "EAGLE3_OPENAI_API_KEY"
-    """openai: the environment variable holding the API key (the key itself is never in the config)."""
-    concurrency: int = 8
-    """openai: requests in flight. hf: the generate batch size."""
-    temperature: float = 0.0
-    """0 = greedy."""
-    top_p: float = 1.0
-    max_tokens: int = 512
-    """Most tokens per generated turn."""
-    seed: int | None = 0
-    """Sampling seed (sent to the server; seeds torch for hf)."""
-    timeout_s: float = 120.0
-    """openai: per-request timeout; a timeout is retried."""
-    max_retries: int = 6
-    """openai: retries of a request after a 429, 5xx, timeout or dropped connection."""
-    backoff_s: float = 0.5
-    """openai: first retry delay; doubles each retry (with jitter), capped at 30 s."""
-    max_error_share: float = 0.05
-    """Fail the dataset (TooManyErrors) when more than this share of its conversations failed."""
-    price_prompt_per_m: float = 0.0
-    """USD per million prompt tokens, for the cost estimate."""
-    price_completion_per_m: float = 0.0
-    """USD per million completion tokens."""
-    device: str = "cpu"
-    """hf: torch device (fp32 on cpu, bf16 on cuda)."""
-    answer_trailing: bool = True
-    """Also answer a conversation's last turn when it is a user/tool turn (prompt-only datasets)."""
-    restart: bool = False
-    """Discard earlier output of the selected datasets instead of resuming it."""
-    extra_body: dict | None = None
-    """openai: extra JSON fields for every request (e.g. OpenRouter ``provider`` routing)."""
-
-    def __post_init__(self):
-        if self.backend not in BACKENDS:
-            raise InputError(f"regenerate: backend={self.backend!r} is not one of {', '.join(BACKENDS)}")
-        for name in ("concurrency", "max_tokens"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise InputError(f"regenerate: {name}={getattr(self, name)!r} must be a positive integer")
-        if self.max_retries < 0:
-            raise InputError(f"regenerate: max_retries={self.max_retries!r} must be >= 0")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise InputError(f"regenerate: temperature={self.temperature!r} must be >= 0 and "
-                             f"top_p={self.top_p!r} in (0, 1]")
-        if not 0 <= self.max_error_share <= 1:
-            raise InputError(f"regenerate: max_error_share={self.max_error_share!r} must be in [0, 1], e.g. 0.05")
-        if isinstance(self.datasets, str):
-            object.__setattr__(self, "datasets", (self.datasets,))
-
-    def settings(self) -> dict[str, Any]:
-        """What each output record says it was made with (these enter the tokenize fingerprint)."""
-        return {"backend": self.backend, "model": self.model, "temperature": self.temperature,
-                "top_p": self.top_p, "max_tokens": self.max_tokens, "seed": self.seed}
-
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return (prompt_tokens * self.price_prompt_per_m + completion_tokens * self.price_completion_per_m) / 1e6
-
-
-def regenerated_dir(storage_root: str) -> str:
-    """Where the pipeline keeps regenerated datasets under a storage root (the DAG's ``--out``)."""
-    return storage.join(storage_root, "regenerated")
-
-
-def regenerated_source(storage_root: str, dataset: str) -> str:
-    """The regenerated JSONL that replaces ``dataset``'s source for tokenize."""
-    return storage.join(regenerated_dir(storage_root), dataset, output.RECORDS)
-
 
 def _redact(url: str) -> str:
     return re.sub(r"//[^/@]+@", "//***@", url)
@@ -281,7 +194,7 @@ async def _run_all(cfg: RegenerateConfig, specs, api_key: str | None) -> dict[st
     return results
 
 
-def regenerate(cfg: RegenerateConfig, api_key: str | None = None) -> dict[str, Any]:
+def run(cfg: RegenerateConfig, api_key: str | None = None) -> dict[str, Any]:
     """Regenerate the selected datasets; returns ``{"manifest": derived manifest URI, "datasets": {name: stats}}``.
 
     ``api_key`` (openai) overrides the environment variable named by ``cfg.api_key_env``;

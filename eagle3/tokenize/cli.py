@@ -15,31 +15,7 @@ example:
   eagle3 tokenize --manifest data/manifest.yaml --tokenizer smollm2-135m-instruct --out prep/
 """
 
-from __future__ import annotations
+from eagle3.config import stage_cli
+from eagle3.tokenize import TokenizeConfig, tokenize
 
-import argparse
-import json
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--manifest", required=True, metavar="M.yaml",
-                        help="datasets manifest (YAML with a top-level 'datasets:' list; local or s3://)")
-    parser.add_argument("--tokenizer", required=True, metavar="T",
-                        help="tokenizer/model directory, s3:// prefix, or the alias smollm2-135m-instruct")
-    parser.add_argument("--out", required=True, metavar="PREP", help="prepared folder (local or s3://)")
-    parser.add_argument("--dataset", metavar="NAME", help="tokenize only this dataset of the manifest")
-    parser.add_argument("--max-reject-share", type=float, default=0.05, metavar="F",
-                        help="fail a dataset when more than this share of its records is refused (default 0.05)")
-    parser.add_argument("--batch-size", type=int, default=1024, metavar="N",
-                        help="conversations per encode_batch call (default 1024)")
-    parser.add_argument("--force", action="store_true", help="tokenize again even if the fingerprint is unchanged")
-
-
-def run(args: argparse.Namespace) -> int:
-    from eagle3.tokenize.stage import tokenize_manifest
-
-    results = tokenize_manifest(args.manifest, args.tokenizer, args.out, dataset=args.dataset,
-                                max_reject_share=args.max_reject_share, batch_size=args.batch_size,
-                                force=args.force)
-    print(json.dumps(results, indent=2))
-    return 0
+add_arguments, run = stage_cli(TokenizeConfig, tokenize, aliases={"model": ["--tokenizer"]})

@@ -12,7 +12,6 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -28,6 +27,7 @@ from eagle3.background import BackgroundWriter
 from eagle3.errors import InputError
 from eagle3.progress import Progress
 from eagle3.tokenize import readers
+from eagle3.tokenize.config import TokenizeConfig
 from eagle3.tokenize.chat_mask import Batch, ChatMasker, TemplateError, ramp_chunk_sizes
 from eagle3.tokenize.manifest import FORMATS, check_name, load_manifest, source_extension
 
@@ -39,8 +39,8 @@ FILES = ("tokenized.parquet", "rejects.jsonl", "stats.json", "fingerprint.json")
 
 
 @dataclass(frozen=True)
-class TokenizeConfig:
-    """Tokenize one dataset."""
+class DatasetConfig:
+    """Tokenize one dataset (the stage builds one per manifest entry)."""
 
     name: str
     """Dataset name; the output goes to ``<out>/<name>/``."""
@@ -77,7 +77,7 @@ class TokenizeConfig:
             raise InputError(f"batch_size {self.batch_size!r} must be positive")
 
     @classmethod
-    def for_dataset(cls, spec, tokenizer: str, out: str, **settings: Any) -> "TokenizeConfig":
+    def for_dataset(cls, spec, tokenizer: str, out: str, **settings: Any) -> "DatasetConfig":
         """Config for a manifest entry (``eagle3.tokenize.manifest.DatasetSpec``)."""
         return cls(name=spec.name, source=spec.source, format=spec.format, category=spec.category,
                    max_samples=spec.max_samples, tokenizer=tokenizer, out=out, **settings)
@@ -116,7 +116,7 @@ def _chat_template_text(tok_dir: str) -> str:
     return template if isinstance(template, str) else json.dumps(template)
 
 
-def fingerprint_inputs(cfg: TokenizeConfig, input_sha256: str, tok_dir: str) -> dict[str, Any]:
+def fingerprint_inputs(cfg: DatasetConfig, input_sha256: str, tok_dir: str) -> dict[str, Any]:
     template = _chat_template_text(tok_dir)
     return {
         "input_sha256": input_sha256,
@@ -198,7 +198,7 @@ def _concat(records: list[readers.TokenRecord]) -> Batch:
                  loss_mask=np.concatenate([r.loss_mask for r in records]), offsets=offsets)
 
 
-def _tokenize_file(cfg: TokenizeConfig, local: str, tok_dir: str, parquet: _ParquetOut,
+def _tokenize_file(cfg: DatasetConfig, local: str, tok_dir: str, parquet: _ParquetOut,
                    rejects: list[dict]) -> dict[str, Any]:
     """Read, render, encode and write; returns counts and template facts."""
     masker = _masker(tok_dir) if cfg.format != "tokenized" else None
@@ -277,10 +277,7 @@ def _tokenize_file(cfg: TokenizeConfig, local: str, tok_dir: str, parquet: _Parq
 def _publish(tmp: Path, out_dir: str, names: tuple[str, ...]) -> None:
     for name in names:
         if (tmp / name).exists():
-            if storage.is_s3(out_dir):
-                storage.put_file(tmp / name, storage.join(out_dir, name))
-            else:
-                os.replace(tmp / name, Path(out_dir, name))
+            storage.publish_file(tmp / name, storage.join(out_dir, name))
 
 
 def _summary(stats: dict[str, Any], out_dir: str) -> dict[str, Any]:
@@ -288,7 +285,7 @@ def _summary(stats: dict[str, Any], out_dir: str) -> dict[str, Any]:
     return {"out_dir": out_dir, **{k: stats[k] for k in keys}}
 
 
-def tokenize_dataset(cfg: TokenizeConfig) -> dict[str, Any]:
+def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
     """Tokenize one dataset into ``<out>/<name>/``; returns a small JSON-able summary."""
     start = time.monotonic()
     out_dir = storage.join(cfg.out, cfg.name)
@@ -365,33 +362,27 @@ def _find_spec(manifest: str, dataset: str):
     raise InputError(f"dataset {dataset!r} is not in {manifest}; its datasets are: {', '.join(s.name for s in specs)}")
 
 
-def tokenize_manifest_dataset(manifest: str, dataset: str, tokenizer: str, out: str,
-                              source_override: str | None = None, **settings: Any) -> dict[str, Any]:
-    """Tokenize one dataset of ``manifest`` (the DAG maps this over the dataset names).
+def run(cfg: TokenizeConfig) -> dict[str, Any]:
+    """Tokenize every dataset of the manifest (or only ``cfg.dataset``); ``{"datasets": {name: summary}}``.
 
-    ``source_override`` replaces the manifest's source with a regenerated file
-    (format ``messages``, as ``eagle3 regenerate`` writes it).
+    ``cfg.source_override`` replaces that dataset's source with a regenerated file (format ``messages``,
+    as ``eagle3 regenerate`` writes it). All datasets are attempted; if any fails, one InputError lists
+    every failure.
     """
-    spec = _find_spec(manifest, dataset)
-    if source_override:
-        spec = dataclasses.replace(spec, source=source_override, format="messages")
-    return tokenize_dataset(TokenizeConfig.for_dataset(spec, tokenizer, out, **settings))
-
-
-def tokenize_manifest(manifest: str, tokenizer: str, out: str, dataset: str | None = None,
-                      **settings: Any) -> dict[str, dict[str, Any]]:
-    """Tokenize every dataset of ``manifest`` (or only ``dataset``); {name: summary}.
-
-    All datasets are attempted; if any fails, one InputError lists every failure.
-    """
-    specs = [_find_spec(manifest, dataset)] if dataset is not None else load_manifest(manifest)
+    if cfg.dataset is not None:
+        specs = [_find_spec(cfg.manifest, cfg.dataset)]
+        if cfg.source_override:
+            specs = [dataclasses.replace(specs[0], source=cfg.source_override, format="messages")]
+    else:
+        specs = load_manifest(cfg.manifest)
+    settings = {"max_reject_share": cfg.max_reject_share, "batch_size": cfg.batch_size, "force": cfg.force}
     results, failures = {}, []
     for spec in specs:
         try:
-            results[spec.name] = tokenize_dataset(TokenizeConfig.for_dataset(spec, tokenizer, out, **settings))
+            results[spec.name] = tokenize_dataset(DatasetConfig.for_dataset(spec, cfg.model, cfg.out, **settings))
         except InputError as e:
             log.error("tokenize %s failed: %s", spec.name, e)
             failures.append(f"{spec.name}: {e}")
     if failures:
         raise InputError(f"{len(failures)} of {len(specs)} dataset(s) failed:\n  " + "\n  ".join(failures))
-    return results
+    return {"datasets": results}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eagle3.config import DEFAULT_SEED
+from eagle3.devices import check_device
 from eagle3.errors import InputError
 
 INIT_CHOICES = ("target", "random")
@@ -11,7 +13,7 @@ INIT_CHOICES = ("target", "random")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run. A resumed run takes micro_batch/grad_accum from the checkpoint."""
+    """One training run. A resumed run takes token_budget/grad_accum from the checkpoint."""
 
     store: str
     """Hidden-state store (the key folder or a root holding exactly one); local or s3://."""
@@ -21,7 +23,7 @@ class TrainConfig:
     """Checkpoint folder CKPT (step-<n>/, latest.json, metrics.jsonl); local or s3://."""
     merged: str | None = None
     """Merged dataset folder (train.parquet): train on exactly its sample ids (the store may hold more)."""
-    target: str | None = None
+    model: str | None = None
     """Target model (dir, s3 prefix or alias) for the frozen embedding and lm_head; default: store.json model_name."""
     max_steps: int = 0
     """Stop after this many optimizer steps in total (0: run all epochs)."""
@@ -29,7 +31,7 @@ class TrainConfig:
     """Passes over the training split."""
     ttt_length: int = 7
     """Training-time-test steps (the draft's chain length during training)."""
-    lr: float = 1e-4
+    lr: float = 3e-4
     """Peak learning rate of the cosine schedule."""
     warmup_ratio: float = 0.02
     """Share of the total steps spent in linear warm-up (at least 1 step)."""
@@ -41,11 +43,11 @@ class TrainConfig:
     """AdamW betas."""
     grad_clip: float = 0.5
     """Max global gradient norm."""
-    token_budget: int = 4096
+    token_budget: int = 8192
     """Micro-batch size in padded tokens (rows x longest row), per process."""
     grad_accum: int = 1
     """Gradient accumulation factor: a step holds token_budget x grad_accum x processes real tokens."""
-    seed: int = 0
+    seed: int = DEFAULT_SEED
     """Seeds the draft init and the per-epoch data order."""
     init: str = "target"
     """Fresh draft init: "target" (copy shapes that fit from the target) or "random"."""
@@ -78,8 +80,7 @@ class TrainConfig:
             raise InputError("TrainConfig.warmup_ratio must be in [0,1) and min_lr_ratio in [0,1]")
         if self.init not in INIT_CHOICES:
             raise InputError(f"TrainConfig.init={self.init!r} is not one of {', '.join(INIT_CHOICES)}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise InputError(f"TrainConfig.device={self.device!r}; use auto, cpu or cuda")
+        check_device(self.device, "TrainConfig.device")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
 
 

@@ -71,7 +71,9 @@ def setup(device: str = "auto") -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    from eagle3.devices import resolve_device
+
+    use_cuda = resolve_device(device).startswith("cuda")
     dev = f"cuda:{local}" if use_cuda else "cpu"
     if use_cuda:
         torch.cuda.set_device(local)

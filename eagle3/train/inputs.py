@@ -58,37 +58,34 @@ class TrainInputs:
     def target_head(self, device) -> torch.Tensor | None:
         """The target's lm_head [V,H] when the store keeps `last` states (None for top-k stores)."""
         from eagle3.draft import load_target_head
-        from eagle3.extract.codec import OPTIONS
+        from eagle3.storage_options import option
 
-        if OPTIONS[self.store.storage] != "last":
+        if option(self.store.storage).target != "last":
             return None
         return load_target_head(self.target_dir).to(device)
 
 
 def load_vocab(uri: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from safetensors.torch import load_file
+    """The vocab stage's (d2t, t2d) as torch tensors."""
+    from eagle3.vocab import load_vocab as load
 
-    path = storage.join(uri, "vocab.safetensors")
-    if not storage.exists(path):
-        raise InputError(f"no vocab map at {path}; build it with `eagle3 vocab --merged MERGED --out {uri}`")
-    t = load_file(storage.local_path(path))
-    if "d2t" not in t or "t2d" not in t:
-        raise InputError(f"{path} lacks d2t/t2d (has {sorted(t)}); rebuild it with `eagle3 vocab`")
-    return t["d2t"].long(), t["t2d"].bool()
+    d2t, t2d = load(uri)
+    return torch.from_numpy(d2t), torch.from_numpy(t2d)
 
 
 def load_inputs(cfg: TrainConfig) -> TrainInputs:
     from eagle3.extract.store import HiddenStateStore
-    from eagle3.target import model_fingerprint, resolve_model
+    from eagle3.target import model_fingerprint, read_config, resolve_model
+    from eagle3.target import vocab_size as target_vocab_size
 
     store = HiddenStateStore(cfg.store)
     d2t, t2d = load_vocab(cfg.vocab)
-    name = cfg.target or store.info.get("model_name")
+    name = cfg.model or store.info.get("model_name")
     if not name:
-        raise InputError(f"{store.uri}/store.json names no model_name; pass --target")
+        raise InputError(f"{store.uri}/store.json names no model_name; pass --model")
     target_dir = resolve_model(name)
-    target_cfg = storage.read_json(storage.join(target_dir, "config.json"))
-    vocab_size = int(target_cfg.get("vocab_size", -1))
+    target_cfg = read_config(target_dir)
+    vocab_size = target_vocab_size(target_cfg, name)
     if t2d.shape[0] != vocab_size:
         raise InputError(f"vocab map t2d has {t2d.shape[0]} entries but the target {name} has vocab_size "
                          f"{vocab_size}; rebuild the map for this target with `eagle3 vocab`", file=cfg.vocab)

@@ -17,12 +17,14 @@ import time
 
 import torch
 
-from eagle3.errors import GpuOutOfMemory
+from eagle3.errors import GpuOutOfMemory, is_oom
+from eagle3.oom import maybe_inject
 from eagle3.progress import Progress
-from eagle3.train import checkpoint, data, distributed, objective, oom
+from eagle3 import checkpoint
+from eagle3.checkpoint import state as ckpt_state
+from eagle3.train import data, distributed, objective, oom
 from eagle3.train.config import TrainConfig, lr_at
 from eagle3.train.inputs import TrainInputs, load_inputs
-from eagle3.train.metrics import MetricsLog
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ class Trainer:
             st = self.ckpt.state
             self.model = inputs.draft_from_checkpoint(self.ckpt).to(self.device)
             self.step, self.pos = self.ckpt.step, data.Position(**st["position"])
-            self.micro, self.accum, self.global_tokens = st["micro_batch"], st["grad_accum"], st["global_tokens"]
+            self.micro, self.accum, self.global_tokens = st["token_budget"], st["grad_accum"], st["global_tokens"]
             if (self.micro, self.accum) != (cfg.token_budget, cfg.grad_accum):
                 log.info("resuming with the checkpoint's micro-batch %d tokens x grad_accum %d "
                          "(not --token-budget %d --grad-accum %d)", self.micro, self.accum,
@@ -64,13 +66,13 @@ class Trainer:
         self.names = {p: n for n, p in self.model.named_parameters()}
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         if self.ckpt is not None:
-            checkpoint.load_optimizer(self.opt, self.ckpt.optimizer, self.ckpt.state["optimizer"], self.names)
-            checkpoint.set_rng_state(self.ckpt.state["rng"])
+            ckpt_state.load_optimizer(self.opt, self.ckpt.optimizer, self.ckpt.state["optimizer"], self.names)
+            ckpt_state.set_rng_state(self.ckpt.state["rng"])
         self.plans: dict[int, list[list[str]]] = {}
         self.total_steps = self._total_steps()
         self.head = inputs.target_head(self.device)
         self.d2t, self.t2d = self.model.d2t, self.model.t2d
-        self.metrics = MetricsLog(cfg.out, enabled=dist.is_main, truncate_after=self.step)
+        self.metrics = checkpoint.MetricsLog(cfg.out, enabled=dist.is_main, truncate_after=self.step)
         self.autocast = self.device.type == "cuda"
 
     # -- plan -----------------------------------------------------------------
@@ -86,7 +88,7 @@ class Trainer:
 
     # -- one micro-batch --------------------------------------------------------
     def _micro(self, ids: list[str], denominators: torch.Tensor, grad: bool):
-        oom.maybe_inject(data.padded_tokens(ids, self.lengths))
+        maybe_inject(data.padded_tokens(ids, self.lengths))
         batch = data.collate(self.inp.store, ids, self.device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
             with torch.no_grad():
@@ -110,7 +112,7 @@ class Trainer:
                 del res
             return sums, False
         except Exception as e:  # noqa: BLE001 - anything but an OOM is re-raised
-            if not oom.is_oom(e):
+            if not is_oom(e):
                 raise
             log.warning("out of memory on rank %d with micro-batch %d tokens: %s", self.dist.rank, self.micro, e)
             return sums, True
@@ -135,14 +137,13 @@ class Trainer:
     # -- checkpoint -----------------------------------------------------------------
     def save(self) -> None:
         if self.dist.is_main:
-            tensors, opt_meta = checkpoint.optimizer_tensors(self.opt, self.names)
+            tensors, opt_meta = ckpt_state.optimizer_tensors(self.opt, self.names)
             state = {
-                # micro_batch (padded tokens per micro-batch; token_budget is the same number under the
-                # CLI's name) and grad_accum are what the OOM path adapts; the DAG reads them back.
-                "position": self.pos.to_dict(), "epoch": self.pos.epoch, "micro_batch": self.micro,
+                # token_budget (padded tokens per micro-batch) and grad_accum are what the OOM path adapts.
+                "position": self.pos.to_dict(), "epoch": self.pos.epoch,
                 "token_budget": self.micro, "grad_accum": self.accum,
                 "global_tokens": self.global_tokens, "world_size": self.dist.world, "optimizer": opt_meta,
-                "rng": checkpoint.rng_state(), "total_steps": self.total_steps,
+                "rng": ckpt_state.rng_state(), "total_steps": self.total_steps,
                 "lr": lr_at(max(self.step - 1, 0), self.total_steps, self.cfg),
                 "schedule": {"kind": "cosine", "warmup_ratio": self.cfg.warmup_ratio,
                              "min_lr_ratio": self.cfg.min_lr_ratio, "peak_lr": self.cfg.lr},
@@ -197,10 +198,8 @@ class Trainer:
         last_eval = None
         if self.ckpt is not None and self.step >= self.total_steps:
             # A finished run started again (e.g. a re-triggered task): nothing to train, no duplicate lines.
-            from eagle3.train.metrics import read_metrics
-
             log.info("%s is already at step %d of %d; nothing to do", cfg.out, self.step, self.total_steps)
-            evals = read_metrics(self.metrics.uri, "eval") if dist.is_main else []
+            evals = checkpoint.read_metrics(self.metrics.uri, "eval") if dist.is_main else []
             return self._summary(evals[-1] if evals else None, 0, 0.0)
         log.info("training %d steps (from step %d), %d train / %d held-out samples, micro-batch %d tokens x "
                  "grad_accum %d x %d process(es), %d tokens per step", self.total_steps, self.step,
@@ -234,7 +233,7 @@ class Trainer:
                 m = self._metrics(sums, loss=float(sums[0]))
                 m.update(event="train", step=self.step, epoch=self.pos.epoch, lr=lr, grad_norm=grad_norm,
                          tokens=tokens, tokens_per_s=run_tokens / max(time.monotonic() - t0, 1e-9),
-                         micro_batch=self.micro, grad_accum=self.accum, world_size=dist.world)
+                         token_budget=self.micro, grad_accum=self.accum, world_size=dist.world)
                 self.metrics.write(m)
                 log.info("step %d/%d loss %.4f acc_0 %.3f lr %.2e | %s", self.step, self.total_steps, m["loss"],
                          m["acc_0"], lr, progress.line())
@@ -249,10 +248,11 @@ class Trainer:
 
     def _summary(self, last_eval: dict | None, run_tokens: int, elapsed: float) -> dict:
         return {
-            "checkpoint": checkpoint.latest_dir(self.cfg.out), "steps": self.step, "total_steps": self.total_steps,
+            "checkpoint": checkpoint.latest_step_dir(self.cfg.out), "steps": self.step, "total_steps": self.total_steps,
             "tokens": run_tokens, "tokens_per_s": run_tokens / max(elapsed, 1e-9), "seconds": elapsed,
             "sim_accept_len": last_eval["sim_accept_len"] if last_eval else None,
             "heldout_acc": last_eval["acc_i"] if last_eval else None,
-            "micro_batch": self.micro, "grad_accum": self.accum, "world_size": self.dist.world,
+            "token_budget": self.micro, "grad_accum": self.accum, "world_size": self.dist.world,
+            "epoch": self.pos.epoch,
             "metrics": self.metrics.uri,
         }

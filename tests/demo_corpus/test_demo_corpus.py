@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from eagle3.cli import main as cli_main
-from eagle3.demo_corpus import write_demo_corpus
+from eagle3.demo.corpus import write_demo_corpus
 
 
 def load(out: Path) -> dict[str, list]:
@@ -184,7 +184,7 @@ def test_cli_demo_data(tmp_path, capsys):
 
 
 def test_regenerate_flag_marks_only_named_datasets(tmp_path):
-    from eagle3.demo_corpus import write_demo_corpus
+    from eagle3.demo.corpus import write_demo_corpus
     from eagle3.errors import InputError
 
     manifest = yaml.safe_load(Path(write_demo_corpus(str(tmp_path / "d"), scale=0.05,
@@ -201,7 +201,7 @@ def test_code_completion_answers_pass_their_prompts_doctests():
     import random
     import re
 
-    from eagle3.demo_code_tasks import code_completion
+    from eagle3.demo.code_tasks import code_completion
 
     rng, names, attempted = random.Random(5), set(), 0
     for _ in range(1500):

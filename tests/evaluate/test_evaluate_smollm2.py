@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eagle3.evaluate.benchmark import EvaluateConfig, evaluate
+from eagle3.evaluate import EvaluateConfig, evaluate
 
 
 @pytest.mark.slow
@@ -14,7 +14,7 @@ def test_speculative_equals_greedy_on_smollm2(smollm2_dir, tmp_path, make_draft)
     # A target-initialised, untrained draft: it is right now and then, so both the accept and the
     # reject paths run on the real model.
     draft = make_draft(smollm2_dir, tmp_path / "draft", init="target", vd=8192)
-    summary = evaluate(EvaluateConfig(target=smollm2_dir, draft=draft, out=str(tmp_path / "eval"),
+    summary = evaluate(EvaluateConfig(model=smollm2_dir, draft=draft, out=str(tmp_path / "eval"),
                                       prompts="humaneval", limit=2, max_new_tokens=24, device="cpu"))
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert summary["lossless"] is True

@@ -19,7 +19,7 @@ def test_humaneval_from_the_package():
 
 
 def test_bundled_chat_set_is_held_out_of_the_demo_corpus():
-    from eagle3.demo_corpus import DATASETS, _records
+    from eagle3.demo.corpus import DATASETS, _records
 
     chat = load_prompts("chat")
     assert len(chat) == 30 and all(p.messages[-1]["role"] == "user" for p in chat)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from eagle3.errors import InputError
-from eagle3.extract.capture import TargetCapture, is_oom
+from eagle3.errors import is_oom
+from eagle3.extract.capture import TargetCapture
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3.extract.stage import ExtractConfig, extract
+from eagle3.extract import ExtractConfig, extract
 from eagle3.extract.store import HiddenStateStore, target_logprobs
 from eagle3.target import SMOLLM2_ALIAS, load_model, load_tokenizer
 

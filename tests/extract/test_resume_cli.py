@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from eagle3.extract.stage import ExtractConfig, extract
+from eagle3.extract import ExtractConfig, extract
 from eagle3.extract.store import HiddenStateStore
 
 from extract_testdata import REPO, cli_env, make_samples, run_cli, tree_bytes, write_merged

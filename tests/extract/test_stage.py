@@ -9,7 +9,7 @@ import torch
 
 from eagle3.errors import InputError
 from eagle3.extract.capture import TargetCapture
-from eagle3.extract.stage import ExtractConfig, extract
+from eagle3.extract import ExtractConfig, extract
 from eagle3.extract.store import HiddenStateStore, target_logprobs
 
 from extract_testdata import make_samples, write_merged
@@ -109,10 +109,12 @@ def test_bad_config_is_refused(tmp_path):
         ExtractConfig(merged="m", model="x", out="o", storage="int4")
     with pytest.raises(InputError, match="--shard"):
         ExtractConfig(merged="m", model="x", out="o", shard="2/2")
-    from eagle3.extract.stage import config_from_dict
+    from eagle3.config import from_dict
 
     with pytest.raises(InputError, match="unknown key"):
-        config_from_dict({"merged": "m", "model": "x", "out": "o", "batch": 3})
+        from_dict(ExtractConfig, {"merged": "m", "model": "x", "out": "o", "batch": 3})
+    with pytest.raises(InputError, match="token_budget"):
+        from_dict(ExtractConfig, {"merged": "m", "model": "x", "out": "o", "token_budget": "8192"})
 
 
 def test_bad_merged_input_names_the_row_and_the_fix(tmp_path):

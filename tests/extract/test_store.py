@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from eagle3.errors import InputError
-from eagle3.extract.codec import bytes_per_token, encode
+from eagle3.extract.codec import encode
+from eagle3.storage_options import bytes_per_token
 from eagle3.extract.store import HiddenStateStore, StoreWriter, store_key, target_logprobs
 
 H, V = 16, 50

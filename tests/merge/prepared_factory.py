@@ -8,7 +8,7 @@ import os
 import pyarrow.parquet as pq
 
 from eagle3 import storage
-from eagle3.merge_arrays import tokenized_table
+from eagle3.merge.arrays import tokenized_table
 
 
 def write_prepared(root, datasets: dict[str, list[tuple[list, list]]], vocab_size: int = 1000) -> str:

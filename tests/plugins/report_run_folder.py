@@ -93,10 +93,10 @@ def write_run(root: Path, dag_id: str = DAG_ID, run_id: str = RUN_ID) -> Path:
 
 
 def write_real_report(run: Path, root: Path) -> list[str]:
-    """Replace the hand-made report folder by the one eagle3.evaluate.report writes for this run; its PNG names."""
+    """Replace the hand-made report folder by the one eagle3.report writes for this run; its PNG names."""
     import shutil
 
-    from eagle3.evaluate.report import write_run_report
+    from eagle3.report import write_run_report
 
     shutil.rmtree(run / "report")
     out = write_run_report(run_dir=str(run), prepared=str(root / "prepared"))

@@ -50,7 +50,7 @@ class TestLoadRun:
         assert run["report_html"] is True
 
     def test_reads_the_report_folder_eagle3_evaluate_writes(self, artifacts, client):
-        """Contract with eagle3/evaluate/report.py: its report folder is found, plotted and served."""
+        """Contract with eagle3/report/stage.py: its report folder is found, plotted and served."""
         plots = write_real_report(artifacts / "runs" / DAG_ID / RUN_ID, artifacts)
         run = run_files.load_run(DAG_ID, RUN_ID, root=str(artifacts))
         assert plots and run["plots"] == [("report", name) for name in plots] and run["report_html"]

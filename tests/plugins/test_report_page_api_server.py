@@ -54,7 +54,7 @@ def api_server(tmp_path_factory):
     """(base URL, admin token, PNG names of the report) of a running api-server with the plugins folder."""
     home = tmp_path_factory.mktemp("airflow_home_plugin")
     artifacts = home / "artifacts"
-    # The run's report folder as eagle3.evaluate.report writes it, so the screenshots show the real plots.
+    # The run's report folder as eagle3.report writes it, so the screenshots show the real plots.
     plots = write_real_report(write_run(artifacts), artifacts)
     # A stand-in eagle3_train DAG (one empty task) so the UI has a DAG and a run to show the tab on.
     (home / "dags").mkdir()

@@ -12,7 +12,7 @@ import pytest
 from eagle3 import storage
 from eagle3.cli import main
 from eagle3.errors import InputError
-from eagle3.stats import bytes_per_token, compute_stats, format_table, run_stats
+from eagle3.stats import StatsConfig, compute_stats, format_table, stats
 
 
 def write_dataset(prep, name: str, lengths: list[int], category: str = "chat") -> None:
@@ -40,7 +40,7 @@ def prep(tmp_path):
 
 
 def test_numbers_shares_and_flag(prep):
-    result = compute_stats(str(prep), max_seq_len=4096, hidden_size=7168, tokens_per_s=10_000)
+    result = compute_stats(StatsConfig(str(prep), max_seq_len=4096, hidden_size=7168, tokens_per_s=10_000))
     rows = {r["dataset"]: r for r in result["datasets"]}
     a1 = rows["a1"]
     lengths = np.array([400] * 6 + [4700])
@@ -63,8 +63,17 @@ def test_numbers_shares_and_flag(prep):
     assert rows["d"]["token_share"] >= 2 * rows["d"]["sample_share"] and not rows["d"]["flagged"]
 
 
+def test_the_storage_option_prices_the_extraction(prep):
+    """Hand-computed bytes per token of each option (DESIGN: bf16 8H; fp8 4H+8; fp8-topk 3H+6+6*16), +5 id/mask."""
+    h = 7168
+    for option, per_token in (("bf16", 8 * h + 5), ("fp8", 4 * h + 8 + 5), ("fp8-topk", 3 * h + 102 + 5)):
+        result = compute_stats(StatsConfig(str(prep), max_seq_len=4096, hidden_size=h, storage=option), write=False)
+        assert result["bytes_per_token"] == per_token
+        assert result["flags"][0]["extract_bytes"] == (6 * 400 + 4096) * per_token
+
+
 def test_files_and_table(prep):
-    result = compute_stats(str(prep))
+    result = compute_stats(StatsConfig(str(prep)))
     saved = json.loads((prep / "stats_table.json").read_text())
     assert saved["flags"] == json.loads(json.dumps(result["flags"]))
     text = (prep / "stats_table.txt").read_text()
@@ -77,31 +86,29 @@ def test_files_and_table(prep):
 def test_cli_prints_table(prep, capsys):
     assert main(["stats", "--prepared", str(prep), "--hidden-size", "576"]) == 0
     out = capsys.readouterr().out
-    assert "FLAG a1" in out and "H=576" in out
-    assert bytes_per_token(576) == 4613
+    assert "FLAG a1" in out and "H=576" in out and "bf16: 4613 B/token" in out
 
 
 def test_empty_prepared_folder(tmp_path):
     with pytest.raises(InputError, match="run `eagle3 tokenize` first"):
-        compute_stats(str(tmp_path))
+        compute_stats(StatsConfig(str(tmp_path)))
 
 
 def test_stats_on_s3(prep, s3_bucket):
     for name in ("a1", "b"):
         for f in ("tokenized.parquet", "stats.json"):
             storage.put_file(prep / name / f, f"{s3_bucket}/prep/{name}/{f}")
-    result = compute_stats(f"{s3_bucket}/prep")
+    result = compute_stats(StatsConfig(f"{s3_bucket}/prep"))
     assert [r["dataset"] for r in result["datasets"]] == ["a1", "b"]
     assert storage.exists(f"{s3_bucket}/prep/stats_table.txt")
 
 
-def test_run_stats_reads_hidden_size_and_copies_to_out(prep, tmp_path):
+def test_stats_reads_hidden_size_and_copies_to_out(prep, tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"hidden_size": 64}))
-    result = run_stats(str(prep), max_seq_len=4096, model=str(model), out=str(tmp_path / "run" / "stats"))
+    result = stats(StatsConfig(str(prep), max_seq_len=4096, model=str(model), out=str(tmp_path / "run" / "stats")))
     assert result["hidden_size"] == 64 and result["bytes_per_token"] == 8 * 64 + 5
-    assert "FLAG a1" in result["table_text"]
     saved = json.loads((tmp_path / "run" / "stats" / "stats_table.json").read_text())
-    assert saved["flags"][0]["dataset"] == "a1" and "table_text" not in saved
-    assert (tmp_path / "run" / "stats" / "stats_table.txt").read_text().strip() == result["table_text"]
+    assert saved["flags"][0]["dataset"] == "a1"
+    assert (tmp_path / "run" / "stats" / "stats_table.txt").read_text().strip() == format_table(result)

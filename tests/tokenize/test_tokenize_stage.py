@@ -14,7 +14,8 @@ import pytest
 from eagle3 import storage
 from eagle3.cli import main
 from eagle3.errors import InputError
-from eagle3.tokenize.stage import TokenizeConfig, tokenize_dataset, tokenize_manifest, tokenize_manifest_dataset
+from eagle3.tokenize import TokenizeConfig, tokenize
+from eagle3.tokenize.stage import DatasetConfig, tokenize_dataset
 
 
 def conv(i: int) -> dict:
@@ -31,8 +32,8 @@ def write_jsonl(path, records, extra_lines=()) -> str:
     return str(path)
 
 
-def config(tmp_path, source, tok, **kw) -> TokenizeConfig:
-    return TokenizeConfig(name=kw.pop("name", "arith"), source=str(source), format=kw.pop("format", "messages"),
+def config(tmp_path, source, tok, **kw) -> DatasetConfig:
+    return DatasetConfig(name=kw.pop("name", "arith"), source=str(source), format=kw.pop("format", "messages"),
                           tokenizer=tok, out=str(tmp_path / "prep"), **kw)
 
 
@@ -123,7 +124,7 @@ def test_missing_source_is_an_input_error(tmp_path, chatml_dir):
 def test_s3_source_and_output(tmp_path, chatml_dir, s3_bucket):
     src = write_jsonl(tmp_path / "a.jsonl", [conv(i) for i in range(4)])
     storage.put_file(src, f"{s3_bucket}/in/a.jsonl")
-    cfg = TokenizeConfig(name="arith", source=f"{s3_bucket}/in/a.jsonl", format="messages", tokenizer=chatml_dir,
+    cfg = DatasetConfig(name="arith", source=f"{s3_bucket}/in/a.jsonl", format="messages", tokenizer=chatml_dir,
                          out=f"{s3_bucket}/prep")
     assert tokenize_dataset(cfg)["samples"] == 4
     assert storage.list_files(f"{s3_bucket}/prep/arith") == ["fingerprint.json", "rejects.jsonl", "stats.json",
@@ -139,9 +140,9 @@ def test_manifest_and_cli(tmp_path, chatml_dir, capsys):
     prep = str(tmp_path / "prep")
     assert main(["tokenize", "--manifest", str(tmp_path / "m.yaml"), "--tokenizer", chatml_dir, "--out", prep,
                  "--dataset", "b"]) == 0
-    assert json.loads(capsys.readouterr().out)["b"]["samples"] == 2
+    assert json.loads(capsys.readouterr().out)["datasets"]["b"]["samples"] == 2
     assert sorted(os.listdir(prep)) == ["b"]
-    results = tokenize_manifest(str(tmp_path / "m.yaml"), chatml_dir, prep)
+    results = tokenize(TokenizeConfig(manifest=str(tmp_path / "m.yaml"), model=chatml_dir, out=prep))["datasets"]
     assert (results["a"]["reused"], results["b"]["reused"]) == (False, True)
     assert main(["tokenize", "--manifest", str(tmp_path / "m.yaml"), "--tokenizer", chatml_dir, "--out", prep,
                  "--dataset", "zzz"]) == 2
@@ -153,13 +154,15 @@ def test_manifest_dataset_with_regenerated_source(tmp_path, chatml_dir):
     regenerated = write_jsonl(tmp_path / "regen.jsonl", [conv(i) for i in range(3)])
     (tmp_path / "m.yaml").write_text("datasets:\n  - {name: a, source: orig.jsonl, format: tokenized, "
                                      "regenerate: true, max_samples: 2}\n")
-    summary = tokenize_manifest_dataset(str(tmp_path / "m.yaml"), "a", chatml_dir, str(tmp_path / "prep"),
-                                        source_override=regenerated, max_reject_share=0.0)
+    summary = tokenize(TokenizeConfig(manifest=str(tmp_path / "m.yaml"), dataset="a", model=chatml_dir,
+                                      out=str(tmp_path / "prep"), source_override=regenerated,
+                                      max_reject_share=0.0))["datasets"]["a"]
     stats = json.loads((tmp_path / "prep" / "a" / "stats.json").read_text())
     assert (summary["samples"], stats["format"], stats["source_uri"], stats["over_cap"]) == \
         (2, "messages", regenerated, 1)
     with pytest.raises(InputError, match="'b' is not in"):
-        tokenize_manifest_dataset(str(tmp_path / "m.yaml"), "b", chatml_dir, str(tmp_path / "prep"))
+        tokenize(TokenizeConfig(manifest=str(tmp_path / "m.yaml"), dataset="b", model=chatml_dir,
+                                out=str(tmp_path / "prep")))
 
 
 def test_chunking_does_not_change_the_output(tmp_path, chatml_dir):
@@ -174,7 +177,7 @@ def test_chunking_does_not_change_the_output(tmp_path, chatml_dir):
     tables = []
     for bs in (3, 1024):
         out = tmp_path / f"bs{bs}"
-        tokenize_dataset(TokenizeConfig(name="arith", source=src, format="messages", tokenizer=chatml_dir,
+        tokenize_dataset(DatasetConfig(name="arith", source=src, format="messages", tokenizer=chatml_dir,
                                         out=str(out), batch_size=bs))
         tables.append(pq.read_table(out / "arith" / "tokenized.parquet"))
     assert tables[0].num_rows == 300 and tables[0].equals(tables[1])

@@ -4,7 +4,6 @@ target's argmax tokens (so the draft has something to learn)."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import subprocess
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.train.vocab_files import write_vocab
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFT_VOCAB = 64
@@ -31,7 +32,6 @@ def _sequences(n: int, seed: int = 0) -> list[list[int]]:
 
 def build_store(root: Path, target_dir: str, n: int = 48, storage: str = "bf16",
                 seqs: list[list[int]] | None = None, draft_vocab: int = DRAFT_VOCAB) -> tuple[str, str]:
-    from safetensors.torch import save_file
 
     from eagle3.extract.capture import TargetCapture
     from eagle3.extract.codec import encode
@@ -61,14 +61,8 @@ def build_store(root: Path, target_dir: str, n: int = 48, storage: str = "bf16",
         counts[t] = counts.get(t, 0) + 1
     chosen = [t for t, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:draft_vocab]
     chosen += [t for t in range(1000, 1000 + 2 * draft_vocab) if t not in chosen][: draft_vocab - len(chosen)]
-    chosen = torch.tensor(sorted(chosen), dtype=torch.long)
-    t2d = torch.zeros(cap.vocab_size, dtype=torch.bool)
-    t2d[chosen] = True
-    vocab = root / "vocab"
-    vocab.mkdir()
-    save_file({"d2t": chosen - torch.arange(draft_vocab), "t2d": t2d}, str(vocab / "vocab.safetensors"))
-    (vocab / "vocab.json").write_text(json.dumps({"draft_vocab_size": draft_vocab, "vocab_size": cap.vocab_size}))
-    return str(root / "store"), str(vocab)
+    vocab = write_vocab(root / "vocab", chosen, cap.vocab_size)
+    return str(root / "store"), vocab
 
 
 def peaked_copy(src: str, dst: Path, scale: float = 20.0) -> str:

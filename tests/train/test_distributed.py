@@ -14,7 +14,7 @@ import torch
 
 from conftest import REPO
 from eagle3.train.loop import train
-from eagle3.train.metrics import read_metrics
+from eagle3.checkpoint import read_metrics
 from test_loop import cfg_for, losses
 
 STEPS = 6
@@ -60,8 +60,8 @@ def test_two_gloo_ranks_match_one_process(tiny_store, tmp_path):
 def test_nproc_launcher_keeps_exit_code_75_for_an_oom(tiny_store, tmp_path):
     """`eagle3 train --nproc 2` runs torchrun and still exits 75 on an OOM (torchrun alone would exit 1)."""
     from conftest import run_cli
-    from eagle3.train import checkpoint
-    from eagle3.train.oom import INJECT_ENV
+    from eagle3 import checkpoint
+    from eagle3.oom import INJECT_ENV
 
     out = tmp_path / "ddp-oom"
     args = ["--store", tiny_store["store"], "--vocab", tiny_store["vocab"], "--out", str(out), "--ttt-length", "2",
@@ -69,4 +69,4 @@ def test_nproc_launcher_keeps_exit_code_75_for_an_oom(tiny_store, tmp_path):
     proc = run_cli(args, {INJECT_ENV: "64"}, timeout=600)
     assert proc.returncode == 75, proc.stderr[-4000:]
     state = checkpoint.load_latest(str(out)).state
-    assert (state["micro_batch"], state["grad_accum"], state["world_size"]) == (64, 2, 2)
+    assert (state["token_budget"], state["grad_accum"], state["world_size"]) == (64, 2, 2)

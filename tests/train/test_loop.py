@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.train.vocab_files import write_vocab
+
 from eagle3.errors import InputError
-from eagle3.train import checkpoint
+from eagle3 import checkpoint
 from eagle3.train.config import TrainConfig
 from eagle3.train.loop import train
-from eagle3.train.metrics import read_metrics
+from eagle3.checkpoint import read_metrics
+from eagle3.vocab import load_vocab
 
 
 def cfg_for(tiny_store, out, **kw) -> TrainConfig:
@@ -46,7 +49,7 @@ def test_train_learns_logs_every_ttt_step_and_evaluates(tiny_store, tmp_path):
     ck = checkpoint.load_latest(str(out))
     assert ck.step == 14 and "d2t" in ck.model and "embed_weight" not in ck.model
     assert checkpoint.list_steps(str(out)) == [7, 14]
-    assert ck.state["micro_batch"] == 2048 and ck.state["grad_accum"] == 1
+    assert ck.state["token_budget"] == 2048 and ck.state["grad_accum"] == 1
     assert ck.state["position"] == {"epoch": 13, "index": 1}
     # started again when done: nothing trained, nothing logged twice, same answer
     lines = (out / "metrics.jsonl").read_text()
@@ -70,12 +73,7 @@ def test_micro_batch_split_does_not_change_the_curve(tiny_store, tmp_path):
 def test_missing_store_and_wrong_vocab_are_input_errors(tiny_store, tmp_path):
     with pytest.raises(InputError, match="no hidden-state store"):
         train(cfg_for(tiny_store, tmp_path / "a", store=str(tmp_path / "nope")))
-    from safetensors.torch import save_file
-
-    bad = tmp_path / "badvocab"
-    bad.mkdir()
-    save_file({"d2t": torch.zeros(8, dtype=torch.long), "t2d": torch.zeros(1000, dtype=torch.bool)},
-              str(bad / "vocab.safetensors"))
+    bad = write_vocab(tmp_path / "badvocab", range(8), 1000)
     with pytest.raises(InputError, match="vocab_size"):
         train(cfg_for(tiny_store, tmp_path / "b", vocab=str(bad)))
     with pytest.raises(InputError, match="no vocab map"):
@@ -84,19 +82,12 @@ def test_missing_store_and_wrong_vocab_are_input_errors(tiny_store, tmp_path):
 
 def test_resume_keeps_the_checkpoints_vocab_map(tiny_store, tmp_path, caplog):
     """A draft continued from a checkpoint keeps that checkpoint's d2t, even if --vocab now says otherwise."""
-    from safetensors.torch import load_file, save_file
-
     torch.set_num_threads(1)
     out = tmp_path / "ckpt"
     train(cfg_for(tiny_store, out, max_steps=2))
     original = checkpoint.load_latest(str(out)).model["d2t"]
-    vocab = load_file(f"{tiny_store['vocab']}/vocab.safetensors")
-    other = tmp_path / "other-vocab"
-    other.mkdir()
-    ids = torch.arange(64) + 2000  # another draft vocab of the same size
-    t2d = torch.zeros_like(vocab["t2d"])
-    t2d[ids] = True
-    save_file({"d2t": ids - torch.arange(64), "t2d": t2d}, str(other / "vocab.safetensors"))
+    v = len(load_vocab(tiny_store["vocab"])[1])
+    other = write_vocab(tmp_path / "other-vocab", range(2000, 2064), v)  # another draft vocab of the same size
     with caplog.at_level("WARNING"):
         summary = train(cfg_for(tiny_store, out, max_steps=3, vocab=str(other)))
     assert summary["steps"] == 3

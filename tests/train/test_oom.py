@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eagle3 import errors, oom
 from eagle3.errors import InputError
-from eagle3.train import oom
+from eagle3.train.oom import halve
 
 
 def test_recognises_torch_oom_and_cuda_runtime_error_only():
-    assert oom.is_oom(torch.OutOfMemoryError("x"))
-    assert oom.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
-    assert not oom.is_oom(RuntimeError("shape mismatch"))
-    assert not oom.is_oom(ValueError("CUDA out of memory"))
+    assert errors.is_oom(torch.OutOfMemoryError("x"))
+    assert errors.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not errors.is_oom(RuntimeError("shape mismatch"))
+    assert not errors.is_oom(ValueError("CUDA out of memory"))
 
 
 def test_injector_raises_only_above_limit(monkeypatch):
@@ -29,6 +30,6 @@ def test_injector_raises_only_above_limit(monkeypatch):
 
 
 def test_halve_keeps_effective_batch_and_refuses_below_one_sample():
-    assert oom.halve(4096, 2, longest_sample=512) == (2048, 4)
+    assert halve(4096, 2, longest_sample=512) == (2048, 4)
     with pytest.raises(InputError, match="max-seq-len"):
-        oom.halve(600, 1, longest_sample=512)
+        halve(600, 1, longest_sample=512)

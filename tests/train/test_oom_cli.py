@@ -9,11 +9,13 @@ import json
 import pytest
 import torch
 
+from tests.train.vocab_files import write_vocab
+
 from conftest import run_cli
 from eagle3.errors import GpuOutOfMemory
-from eagle3.train import checkpoint
+from eagle3 import checkpoint
 from eagle3.train.loop import train
-from eagle3.train.oom import INJECT_ENV
+from eagle3.oom import INJECT_ENV
 from test_loop import cfg_for, losses
 
 STEPS = 6
@@ -34,13 +36,13 @@ def test_oom_exits_75_then_resumes_with_half_micro_batch(tiny_store, tmp_path):
     assert first.returncode == GpuOutOfMemory.EXIT_CODE == 75, first.stderr[-3000:]
     assert "out of memory" in first.stderr
     saved = checkpoint.load_latest(str(out))
-    assert (saved.state["micro_batch"], saved.state["grad_accum"]) == (64, 2)
+    assert (saved.state["token_budget"], saved.state["grad_accum"]) == (64, 2)
     assert saved.state["global_tokens"] == 128
 
     second = run_cli(_args(tiny_store, out, 128, 1), env)  # same command, as a retry would run it
     assert second.returncode == 0, second.stderr[-3000:]
     summary = json.loads(second.stdout[second.stdout.index("{"):])
-    assert (summary["micro_batch"], summary["grad_accum"], summary["steps"]) == (64, 2, STEPS)
+    assert (summary["token_budget"], summary["grad_accum"], summary["steps"]) == (64, 2, STEPS)
 
     ref = tmp_path / "small"
     train(cfg_for(tiny_store, ref, token_budget=64, grad_accum=2, max_steps=STEPS))
@@ -52,12 +54,7 @@ def test_bad_input_exits_2_not_75(tiny_store, tmp_path):
     missing = run_cli(["--store", str(tmp_path / "none"), "--vocab", tiny_store["vocab"], "--out",
                        str(tmp_path / "o")], {INJECT_ENV: "1"})
     assert missing.returncode == 2 and "no hidden-state store" in missing.stderr
-    from safetensors.torch import save_file
-
-    bad = tmp_path / "badvocab"
-    bad.mkdir()
-    save_file({"d2t": torch.zeros(8, dtype=torch.long), "t2d": torch.zeros(1000, dtype=torch.bool)},
-              str(bad / "vocab.safetensors"))
+    bad = write_vocab(tmp_path / "badvocab", range(8), 1000)
     wrong = run_cli(["--store", tiny_store["store"], "--vocab", str(bad), "--out", str(tmp_path / "o")],
                     {INJECT_ENV: "1"})
     assert wrong.returncode == 2 and "vocab_size" in wrong.stderr

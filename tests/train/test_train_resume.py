@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from conftest import REPO, run_cli
-from eagle3.train import checkpoint
+from eagle3 import checkpoint
 from eagle3.train.loop import train
-from eagle3.train.metrics import read_metrics
+from eagle3.checkpoint import read_metrics
 from test_loop import cfg_for, losses
 
 STEPS = 14

@@ -8,7 +8,7 @@ import torch
 from conftest import build_store
 from eagle3.train.config import TrainConfig
 from eagle3.train.loop import train
-from eagle3.train.metrics import read_metrics
+from eagle3.checkpoint import read_metrics
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog. The dog did not move, and the fox ran into the forest.",

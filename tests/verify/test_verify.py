@@ -14,8 +14,9 @@ from eagle3 import storage
 from eagle3.cli import main as cli_main
 from eagle3.errors import GateFailed
 from eagle3.merge import MergeConfig, merge
-from eagle3.merge_arrays import content_id
-from eagle3.verify import ks_uniform, verify
+from eagle3.merge.arrays import content_id
+from eagle3.verify import VerifyConfig, verify
+from eagle3.verify.stage import ks_uniform
 from tests.merge.prepared_factory import random_rows, write_prepared
 
 L = 24
@@ -48,14 +49,14 @@ def plant(merged: str, edit, fix_checksum: bool = True) -> None:
 
 def failed_checks(merged: str, **options) -> tuple[set, str, dict]:
     with pytest.raises(GateFailed) as err:
-        verify(merged, **options)
+        verify(VerifyConfig(merged, **options))
     result = json.loads(open(os.path.join(merged, "verify.json")).read())
     assert result["passed"] is False
     return set(result["failed"]), str(err.value), {c["name"]: c for c in result["checks"]}
 
 
 def test_a_correct_merge_passes_every_check(merged):
-    result = verify(merged)
+    result = verify(VerifyConfig(merged))
     assert result["passed"] is True
     names = [c["name"] for c in result["checks"]]
     assert names == ["checksums", "lengths", "masks", "ids", "accounting", "matches_source", "shuffled",
@@ -183,15 +184,15 @@ def test_cli_verify_exits_non_zero_on_failure(merged, capsys):
 
 
 def test_verify_and_vocab_on_s3(tmp_path, s3_bucket):
-    from eagle3.vocab import VocabConfig, build_vocab, load_vocab
+    from eagle3.vocab import VocabConfig, vocab, load_vocab
 
     rng = np.random.default_rng(12)
     prep = write_prepared(tmp_path / "prep", {"a": random_rows(rng, 30), "b": random_rows(rng, 20)})
     merged = f"{s3_bucket}/merged"
     merge(MergeConfig(prepared=prep, out=merged, max_seq_len=L))
-    result = verify(merged, store=f"{s3_bucket}/store")
+    result = verify(VerifyConfig(merged, store=f"{s3_bucket}/store"))
     assert result["passed"] and storage.read_json(f"{merged}/verify.json")["passed"] is True
     space = {c["name"]: c for c in result["checks"]}["extraction_space"]
     assert space["free_bytes"] is None and "unknown (object store)" in space["detail"]
-    info = build_vocab(VocabConfig(merged=merged, out=f"{s3_bucket}/vocab", draft_vocab_size=32))
+    info = vocab(VocabConfig(merged=merged, out=f"{s3_bucket}/vocab", draft_vocab_size=32))
     assert info["vocab_size"] == 1000 and load_vocab(f"{s3_bucket}/vocab")[0].shape == (32,)

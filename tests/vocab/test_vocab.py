@@ -10,7 +10,7 @@ import pytest
 from eagle3.cli import main as cli_main
 from eagle3.errors import InputError
 from eagle3.merge import MergeConfig, merge
-from eagle3.vocab import VocabConfig, build_vocab, load_vocab
+from eagle3.vocab import VocabConfig, vocab, load_vocab
 from tests.merge.prepared_factory import write_prepared
 
 V = 64
@@ -36,7 +36,7 @@ def counted(tmp_path) -> str:
 
 
 def test_top_tokens_by_loss_frequency_sorted_by_id(tmp_path, counted):
-    info = build_vocab(VocabConfig(merged=counted, out=str(tmp_path / "v"), draft_vocab_size=3, vocab_size=V))
+    info = vocab(VocabConfig(merged=counted, out=str(tmp_path / "v"), draft_vocab_size=3, vocab_size=V))
     d2t, t2d = load_vocab(str(tmp_path / "v"))
     assert d2t.dtype == np.int64 and t2d.dtype == np.bool_ and d2t.shape == (3,) and t2d.shape == (V,)
     hot = d2t + np.arange(3)  # what SGLang computes: target_id = i + d2t[i]
@@ -48,7 +48,7 @@ def test_top_tokens_by_loss_frequency_sorted_by_id(tmp_path, counted):
 
 
 def test_fewer_distinct_tokens_than_vd_are_filled_and_recorded(tmp_path, counted):
-    info = build_vocab(VocabConfig(merged=counted, out=str(tmp_path / "v"), draft_vocab_size=10, vocab_size=V))
+    info = vocab(VocabConfig(merged=counted, out=str(tmp_path / "v"), draft_vocab_size=10, vocab_size=V))
     d2t, t2d = load_vocab(str(tmp_path / "v"))
     hot = (d2t + np.arange(10)).tolist()
     # 6 loss tokens, then 60 (seen at other positions), then the lowest unused ids 0, 2, 4.
@@ -60,27 +60,27 @@ def test_fewer_distinct_tokens_than_vd_are_filled_and_recorded(tmp_path, counted
 
 def test_cache_key_includes_vd_and_the_data(tmp_path, counted):
     out = str(tmp_path / "v")
-    first = build_vocab(VocabConfig(merged=counted, out=out, draft_vocab_size=3, vocab_size=V))
-    again = build_vocab(VocabConfig(merged=counted, out=out, draft_vocab_size=3, vocab_size=V))
+    first = vocab(VocabConfig(merged=counted, out=out, draft_vocab_size=3, vocab_size=V))
+    again = vocab(VocabConfig(merged=counted, out=out, draft_vocab_size=3, vocab_size=V))
     assert again["reused"] is True and again["cache_key"] == first["cache_key"]
     # Known bug of other trainers: a cache keyed without Vd returns the old map here.
-    bigger = build_vocab(VocabConfig(merged=counted, out=out, draft_vocab_size=5, vocab_size=V))
+    bigger = vocab(VocabConfig(merged=counted, out=out, draft_vocab_size=5, vocab_size=V))
     assert bigger["reused"] is False and bigger["cache_key"] != first["cache_key"]
     assert load_vocab(out)[0].shape == (5,)
     other = merged_from(tmp_path, [([1, 2, 3], [1, 1, 1])], name="m2")
-    rebuilt = build_vocab(VocabConfig(merged=other, out=out, draft_vocab_size=5, vocab_size=V))
+    rebuilt = vocab(VocabConfig(merged=other, out=out, draft_vocab_size=5, vocab_size=V))
     assert rebuilt["reused"] is False and (load_vocab(out)[0] + np.arange(5)).tolist() == [0, 1, 2, 3, 4]
 
 
 def test_vocab_size_from_manifest_and_errors(tmp_path, counted):
-    info = build_vocab(VocabConfig(merged=counted, out=str(tmp_path / "v"), draft_vocab_size=4))
+    info = vocab(VocabConfig(merged=counted, out=str(tmp_path / "v"), draft_vocab_size=4))
     assert info["vocab_size"] == V  # recorded by merge from stats.json
     with pytest.raises(InputError, match="token id 60 is outside the target vocab of size 50"):
-        build_vocab(VocabConfig(merged=counted, out=str(tmp_path / "v2"), draft_vocab_size=4, vocab_size=50))
+        vocab(VocabConfig(merged=counted, out=str(tmp_path / "v2"), draft_vocab_size=4, vocab_size=50))
     with pytest.raises(InputError, match="smaller than draft_vocab_size"):
         VocabConfig(merged=counted, out="x", draft_vocab_size=100, vocab_size=50)
     with pytest.raises(InputError, match="manifest.json not found"):
-        build_vocab(VocabConfig(merged=str(tmp_path / "nowhere"), out="x", draft_vocab_size=4))
+        vocab(VocabConfig(merged=str(tmp_path / "nowhere"), out="x", draft_vocab_size=4))
 
 
 def test_cli_vocab(tmp_path, counted, capsys):

@@ -1,4 +1,8 @@
-"""CKPT/metrics.jsonl: one JSON object a line per train/eval event (rank 0 only).
+"""CKPT/metrics.jsonl: one JSON object a line per train/eval event (rank 0 only); its one writer and reader.
+
+Every line has ``event`` ("train" or "eval"), ``step``, ``loss``, ``loss_i`` and ``acc_i`` (one value per
+TTT step), ``sim_accept_len`` (1 + Σ_k Π_{j≤k} acc_j) and ``time``; train lines add lr, grad_norm, tokens,
+tokens_per_s, token_budget, grad_accum; eval lines heldout_samples and heldout_tokens.
 
 A resumed run first drops the lines of steps after its checkpoint (a killed
 run may have logged steps it never saved), so the file always holds exactly
@@ -15,10 +19,12 @@ from pathlib import Path
 
 from eagle3 import storage
 
+METRICS_FILE = "metrics.jsonl"
+
 
 class MetricsLog:
     def __init__(self, out: str, enabled: bool = True, truncate_after: int = 0):
-        self.uri = storage.join(str(out), "metrics.jsonl")
+        self.uri = storage.join(str(out), METRICS_FILE)
         self.enabled = enabled
         if storage.is_s3(self.uri):
             key = hashlib.sha256(self.uri.encode()).hexdigest()[:16]
@@ -49,3 +55,9 @@ def read_metrics(uri: str, event: str | None = None) -> list[dict]:
     lines = storage.read_text(uri).splitlines() if storage.exists(uri) else []
     rows = [json.loads(line) for line in lines if line.strip()]
     return [r for r in rows if event is None or r.get("event") == event]
+
+
+def last_eval(checkpoint: str) -> dict | None:
+    """The last held-out evaluation of CKPT/metrics.jsonl (None when there is none)."""
+    evals = read_metrics(storage.join(str(checkpoint), METRICS_FILE), "eval")
+    return evals[-1] if evals else None

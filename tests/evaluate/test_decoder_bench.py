@@ -8,7 +8,8 @@ import pytest
 
 from eagle3.cli import main
 from eagle3.errors import GateFailed
-from eagle3.evaluate.benchmark import EvaluateConfig, evaluate, offline_sim_accept_len
+from eagle3.evaluate import EvaluateConfig, evaluate
+from eagle3.evaluate.decoder_bench import offline_sim_accept_len
 
 
 
@@ -39,7 +40,7 @@ def _ckpt(tmp_path):
 
 
 def test_evaluate_writes_a_lossless_report(tiny_llama_dir, tiny_draft, prompts, tmp_path):
-    cfg = EvaluateConfig(target=tiny_llama_dir, draft=tiny_draft, out=str(tmp_path / "eval"), prompts=prompts,
+    cfg = EvaluateConfig(model=tiny_llama_dir, draft=tiny_draft, out=str(tmp_path / "eval"), prompts=prompts,
                          limit=2, max_new_tokens=16, checkpoint=_ckpt(tmp_path), device="cpu")
     summary = evaluate(cfg)
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
@@ -61,12 +62,12 @@ def test_evaluate_writes_a_lossless_report(tiny_llama_dir, tiny_draft, prompts, 
 def test_evaluate_reports_each_prompt_set(tiny_llama_dir, tiny_draft, prompts, tmp_path):
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"prompt": "Name a colour."}) + "\n")
-    cfg = EvaluateConfig(target=tiny_llama_dir, draft=tiny_draft, out=str(tmp_path / "eval"),
+    cfg = EvaluateConfig(model=tiny_llama_dir, draft=tiny_draft, out=str(tmp_path / "eval"),
                          prompts=f"{prompts},{other}", limit=2, max_new_tokens=12, device="cpu")
     evaluate(cfg)
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert report["set_order"] == [prompts, str(other)] and report["primary_set"] == prompts
-    from eagle3.evaluate.metrics import ordered_sets
+    from eagle3.acceptance import ordered_sets
     assert [name for name, _ in ordered_sets(report)] == [prompts, str(other)]  # keys are sorted on disk
     assert [p["set"] for p in report["prompts"]] == [prompts, prompts, str(other)]
     for name, s in report["sets"].items():
@@ -92,7 +93,7 @@ def test_evaluate_fails_loudly_on_a_mismatch(tiny_llama_dir, tiny_draft, prompts
     monkeypatch.setattr(spec_decode, "speculative_generate", corrupt)
     out = tmp_path / "eval"
     with pytest.raises(GateFailed, match=r"prompt chat.jsonl:1: first difference at generated position 3"):
-        evaluate(EvaluateConfig(target=tiny_llama_dir, draft=tiny_draft, out=str(out), prompts=prompts, limit=1,
+        evaluate(EvaluateConfig(model=tiny_llama_dir, draft=tiny_draft, out=str(out), prompts=prompts, limit=1,
                                 max_new_tokens=8, device="cpu"))
     report = json.loads((out / "report.json").read_text())  # written before failing
     assert report["lossless"] is False and report["prompts"][0]["mismatch"]["position"] == 3
@@ -109,9 +110,11 @@ def test_cli_prints_tau_speedup_and_verdict(tiny_llama_dir, tiny_draft, prompts,
     assert "tau " in out and "(k=2)" in out and "lossless=True" in out
 
 
-def test_offline_sim_accept_len_without_eval_lines(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "sim_accept_len": 1.2}) + "\n"
-                                            + json.dumps({"step": 2, "loss": 1.0}) + "\n")
+def test_offline_sim_accept_len_takes_the_last_eval_line(tmp_path):
+    lines = [{"event": "eval", "step": 1, "sim_accept_len": 1.2, "acc_i": [0.2]},
+             {"event": "eval", "step": 2, "sim_accept_len": 1.5, "acc_i": [0.5]},
+             {"event": "train", "step": 3, "sim_accept_len": 1.9, "acc_i": [0.9]}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     got = offline_sim_accept_len(str(tmp_path))
-    assert got["sim_accept_len"] == 1.2 and got["from_eval_split"] is False
+    assert got == {"sim_accept_len": 1.5, "step": 2, "acc": [0.5]}
     assert offline_sim_accept_len(str(tmp_path / "missing")) is None

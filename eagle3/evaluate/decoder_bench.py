@@ -1,4 +1,4 @@
-"""`evaluate(cfg)`: real speculative decoding of a draft against its target.
+"""The evaluate stage on the project's own decoder: real speculative decoding of a draft against its target.
 
 For every prompt the target decodes twice in the same process, on the same
 prompt ids: plain greedy with a KV cache (the baseline) and the chain
@@ -9,54 +9,16 @@ report.json was written, naming the prompt and the first differing position.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import time
 from typing import Any
 
 from eagle3 import storage
 from eagle3.errors import GateFailed, InputError
-from eagle3.evaluate import metrics
+from eagle3 import acceptance as metrics
+from eagle3.evaluate.config import EvaluateConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class EvaluateConfig:
-    target: str
-    """Target model: local HF dir, s3:// prefix or the alias smollm2-135m-instruct."""
-    draft: str
-    """Exported draft dir (DRAFT/: config.json + model.safetensors), local or s3://."""
-    out: str
-    """Output dir EVAL/ for report.json, local or s3://."""
-    prompts: str = "humaneval"
-    """Comma-separated prompt sets, each "humaneval", "chat" (bundled held-out chat questions) or a JSONL of
-    {"prompt"} / {"messages"} lines (local or s3://). The first set's τ is the headline and the publish gate's."""
-    steps: int = 3
-    """k: draft tokens per target verification (τ is capped at k + 1)."""
-    limit: int | None = None
-    """Use only the first N prompts of each set."""
-    max_new_tokens: int = 128
-    """Tokens generated per prompt (both decoders stop at eos too)."""
-    checkpoint: str | None = None
-    """Trainer CKPT/ whose metrics.jsonl gives the offline simulated τ shown beside the real one."""
-    device: str = "auto"
-    """"auto" (cuda if available, else cpu), "cpu" or "cuda[:i]". CPU computes in fp32."""
-    warmup: bool = True
-    """Decode the first prompt briefly before timing (first calls pay one-off costs)."""
-    threads: int | None = None
-    """torch CPU threads (None: torch's default). On a busy shared CPU, 1 is often several times faster."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.steps, int) or self.steps < 1:
-            raise InputError(f"EvaluateConfig.steps={self.steps!r} must be an int >= 1 (e.g. --steps 3)")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise InputError(f"EvaluateConfig.max_new_tokens={self.max_new_tokens!r} must be an int >= 1")
-        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
-            raise InputError(f"EvaluateConfig.limit={self.limit!r} must be None or an int >= 1")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise InputError(f"EvaluateConfig.threads={self.threads!r} must be None or an int >= 1")
 
 
 def draft_aux_layers(draft_config: dict, where: str) -> list[int]:
@@ -69,28 +31,14 @@ def draft_aux_layers(draft_config: dict, where: str) -> list[int]:
 
 
 def offline_sim_accept_len(checkpoint: str) -> dict | None:
-    """The last evaluation line of CKPT/metrics.jsonl carrying sim_accept_len (eval lines preferred)."""
-    uri = storage.join(checkpoint, "metrics.jsonl")
-    if not storage.exists(uri):
-        log.warning("no %s: the offline simulated acceptance length is left out", uri)
+    """The trainer's last held-out estimate (CKPT/metrics.jsonl), shown beside the measured τ."""
+    from eagle3.checkpoint import last_eval
+
+    ev = last_eval(checkpoint)
+    if ev is None:
+        log.warning("no held-out evaluation in %s: the offline simulated acceptance length is left out", checkpoint)
         return None
-    lines = [json.loads(x) for x in storage.read_text(uri).splitlines() if x.strip()]
-    lines = [x for x in lines if isinstance(x, dict) and x.get("sim_accept_len") is not None]
-    is_eval = [x for x in lines if "eval" in str(x.get("split", x.get("kind", x.get("event", ""))))]
-    chosen = (is_eval or lines or [None])[-1]
-    if chosen is None:
-        return None
-    acc = chosen.get("acc_i") or [v for k, v in sorted(chosen.items()) if k.startswith("acc_") and k[4:].isdigit()]
-    return {"sim_accept_len": float(chosen["sim_accept_len"]), "step": chosen.get("step"),
-            "from_eval_split": bool(is_eval), "acc": acc}
-
-
-def _device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
+    return {"sim_accept_len": float(ev["sim_accept_len"]), "step": ev.get("step"), "acc": ev.get("acc_i") or []}
 
 
 def _load(cfg: EvaluateConfig, device: str):
@@ -99,7 +47,7 @@ def _load(cfg: EvaluateConfig, device: str):
     from eagle3.evaluate.spec_decode import Eagle3DraftStepper, TargetRunner
     from eagle3.export import load_exported_draft
 
-    target_dir = target_mod.resolve_model(cfg.target)
+    target_dir = target_mod.resolve_model(cfg.model)
     draft_dir = storage.local_dir(cfg.draft)
     draft_cfg_path = storage.join(draft_dir, "config.json")
     if not storage.exists(draft_cfg_path):
@@ -110,7 +58,7 @@ def _load(cfg: EvaluateConfig, device: str):
     model = target_mod.load_model(target_dir, device=device)
     if int(draft_cfg.get("vocab_size", -1)) != int(model.config.vocab_size):
         raise InputError(f"{draft_cfg_path}: vocab_size={draft_cfg.get('vocab_size')} but the target "
-                         f"{cfg.target!r} has {model.config.vocab_size}; was the draft trained for another target?")
+                         f"{cfg.model!r} has {model.config.vocab_size}; was the draft trained for another target?")
     draft = load_exported_draft(draft_dir, load_target_embedding(target_dir)).to(device)
     return tokenizer, model, TargetRunner(model, aux_ids), Eagle3DraftStepper(draft), aux_ids
 
@@ -171,7 +119,7 @@ def _set_summary(rows: list[dict], steps: list, k: int) -> dict:
     }
 
 
-def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
+def run(cfg: EvaluateConfig) -> dict[str, Any]:
     """Benchmark the draft; write ``cfg.out``/report.json; return its summary.
 
     Raises GateFailed (after writing the report) when any output is not lossless.
@@ -180,10 +128,11 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
 
     from eagle3.evaluate.prompts import encode_prompt, load_prompt_sets
     from eagle3.evaluate.spec_decode import eos_token_ids, greedy_generate, speculative_generate
+    from eagle3.devices import resolve_device
     from eagle3.progress import Progress
 
     prompt_sets = load_prompt_sets(cfg.prompts, cfg.limit)
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
@@ -231,7 +180,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         if offline and offline["acc"] else None,
         "offline": offline,
         "prompts_source": primary,
-        "target": cfg.target,
+        "target": cfg.model,
         "draft": cfg.draft,
         "aux_layer_ids": aux_ids,
         "device": device,

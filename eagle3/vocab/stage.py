@@ -1,4 +1,4 @@
-"""Vocab map: the draft's Vd-token vocabulary and its mapping to the target's (the `vocab` stage).
+"""The vocab stage: the draft's Vd-token vocabulary and its mapping to the target's.
 
 Token frequencies are counted at loss_mask == 1 positions of train.parquet
 (numpy bincount over the flattened Arrow columns). The Vd most frequent tokens,
@@ -19,40 +19,18 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
 
 import numpy as np
 
 from eagle3 import storage
 from eagle3.errors import InputError
-from eagle3.merge_arrays import list_parts
+from eagle3.merge.arrays import list_parts
+from eagle3.vocab.config import VocabConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class VocabConfig:
-    merged: str
-    """Merged folder written by `eagle3 merge` (local or s3://)."""
-    out: str
-    """Vocab folder to write (VOCAB); local or s3://."""
-    draft_vocab_size: int
-    """Vd: tokens in the draft's lm_head."""
-    vocab_size: int | None = None
-    """V: the target's vocab size; default: `vocab_size` of the merged manifest."""
-    force: bool = False
-    """Rebuild even when VOCAB/ already holds a map with the same cache key."""
-
-    def __post_init__(self):
-        if self.draft_vocab_size < 1:
-            raise InputError(f"draft_vocab_size must be >= 1, got {self.draft_vocab_size!r} (e.g. 8192)")
-        if self.vocab_size is not None and self.vocab_size < self.draft_vocab_size:
-            raise InputError(f"vocab_size {self.vocab_size} is smaller than draft_vocab_size "
-                             f"{self.draft_vocab_size}; the draft vocab is a subset of the target's")
 
 
 def cache_key(tokenizer_fingerprint: str | None, content_hash: str, draft_vocab_size: int, vocab_size: int) -> str:
@@ -94,7 +72,7 @@ def select_tokens(loss: np.ndarray, every: np.ndarray, vd: int) -> tuple[np.ndar
                     "from_lowest_unused_ids": vd - from_loss - from_all}
 
 
-def build_vocab(cfg: VocabConfig) -> dict:
+def run(cfg: VocabConfig) -> dict:
     """Build (or reuse) VOCAB/vocab.safetensors + vocab.json; returns vocab.json's content."""
     from safetensors.numpy import save
 
@@ -141,23 +119,23 @@ def build_vocab(cfg: VocabConfig) -> dict:
 
 
 def load_vocab(uri: str) -> tuple[np.ndarray, np.ndarray]:
-    """(d2t, t2d) of a vocab folder."""
+    """(d2t int64 [Vd], t2d bool [V]) of a vocab folder, checked against vocab.json's checksum and sizes."""
     from safetensors.numpy import load
 
-    t = load(storage.read_bytes(storage.join(uri, "vocab.safetensors")))
-    return t["d2t"], t["t2d"]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--merged", required=True, help="merged folder from `eagle3 merge` (local or s3://)")
-    p.add_argument("--draft-vocab-size", type=int, required=True, help="Vd, e.g. 8192 (32000 for large targets)")
-    p.add_argument("--out", required=True, help="vocab folder to write (local or s3://)")
-    p.add_argument("--vocab-size", type=int, default=None, help="target vocab size V (default: merged manifest)")
-    p.add_argument("--force", action="store_true", help="rebuild even if the cache key matches")
-
-
-def run(args: argparse.Namespace) -> int:
-    info = build_vocab(VocabConfig(merged=args.merged, out=args.out, draft_vocab_size=args.draft_vocab_size,
-                                   vocab_size=args.vocab_size, force=args.force))
-    print(json.dumps({k: info[k] for k in ("draft_vocab_size", "vocab_size", "coverage", "fill", "reused")}))
-    return 0
+    path, info_uri = storage.join(uri, "vocab.safetensors"), storage.join(uri, "vocab.json")
+    if not storage.exists(path) or not storage.exists(info_uri):
+        raise InputError(f"no complete vocab map at {uri} (vocab.safetensors + vocab.json); build it with "
+                         f"`eagle3 vocab --merged MERGED --out {uri}`")
+    info, data = storage.read_json(info_uri), storage.read_bytes(path)
+    want = (info.get("checksums") or {}).get("vocab.safetensors")
+    if want and storage.sha256_bytes(data) != want:
+        raise InputError("sha256 differs from vocab.json's; the file changed after it was written: rebuild it "
+                         "with `eagle3 vocab --force`", file=path)
+    t = load(data)
+    if "d2t" not in t or "t2d" not in t:
+        raise InputError(f"lacks d2t/t2d (has {sorted(t)}); rebuild it with `eagle3 vocab --force`", file=path)
+    d2t, t2d = t["d2t"].astype(np.int64), t["t2d"].astype(bool)
+    if (len(d2t), len(t2d)) != (info.get("draft_vocab_size"), info.get("vocab_size")) or int(t2d.sum()) != len(d2t):
+        raise InputError(f"d2t [{len(d2t)}] / t2d [{len(t2d)}, {int(t2d.sum())} set] do not match vocab.json "
+                         f"(Vd {info.get('draft_vocab_size')}, V {info.get('vocab_size')}); rebuild it", file=path)
+    return d2t, t2d

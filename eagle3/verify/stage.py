@@ -1,4 +1,4 @@
-"""Verify gate: re-read what `eagle3 merge` wrote and check it before extraction.
+"""The verify gate: re-read what `eagle3 merge` wrote and check it before extraction.
 
 Every check is recorded with its numbers in MERGED/verify.json, which is
 written whether the gate passes or not; a failed check raises GateFailed (the
@@ -16,61 +16,23 @@ CLI exits non-zero, the DAG fails without retry). Checks:
   extraction_space   estimated hidden-state bytes (and hours) fit the free space at the store
 
 Example:
-  eagle3 verify --merged MERGED --hidden-size 576 --store STORE --tokens-per-s 3000
+  eagle3 verify --merged MERGED --model smollm2-135m-instruct --storage fp8 --store STORE --tokens-per-s 3000
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import logging
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-from eagle3 import storage
+from eagle3 import storage, storage_options
 from eagle3.errors import GateFailed, InputError
-from eagle3.merge_arrays import content_id, list_parts, segment_sums, shuffle_order
+from eagle3.verify.config import VerifyConfig
+from eagle3.merge.arrays import content_id, list_parts, segment_sums, shuffle_order
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class VerifyConfig:
-    merged: str
-    """Merged folder written by `eagle3 merge` (local or s3://)."""
-    prepared: str | None = None
-    """Prepared folder the merge read; default: the one recorded in manifest.json."""
-    hidden_size: int = 576
-    """Target hidden size H for the extraction estimate (576 = SmolLM2-135M); `model` overrides it."""
-    model: str | None = None
-    """Target model (directory or alias); when given, H is read from its config.json."""
-    num_aux_layers: int = 3
-    """Aux layers stored per token (EAGLE-3: 3)."""
-    store_last: bool = True
-    """Whether the final hidden state [H] is stored per token too."""
-    bytes_per_value: int = 2
-    """Bytes per stored hidden value (2 = bf16)."""
-    store: str | None = None
-    """Where the hidden states will go (free space is checked there); default: the merged folder."""
-    headroom: float = 1.1
-    """The store needs estimated bytes x headroom free."""
-    tokens_per_s: float = 3000.0
-    """Extraction speed used for the hours estimate."""
-    max_hours: float | None = None
-    """Fail when the estimated extraction time exceeds this (None: report only)."""
-    p_threshold: float = 1e-3
-    """Family-wise p-value threshold of the uniform-position test (Bonferroni over sources)."""
-
-    def __post_init__(self):
-        for key in ("hidden_size", "num_aux_layers", "bytes_per_value"):
-            if getattr(self, key) < 1:
-                raise InputError(f"{key} must be >= 1, got {getattr(self, key)!r}")
-        if self.tokens_per_s <= 0 or not 0 < self.p_threshold < 1 or self.headroom < 1:
-            raise InputError(f"need tokens_per_s > 0, 0 < p_threshold < 1, headroom >= 1; got "
-                             f"{self.tokens_per_s}, {self.p_threshold}, {self.headroom}")
 
 
 def ks_uniform(u: np.ndarray) -> tuple[float, float]:
@@ -244,39 +206,30 @@ def _order_checks(out: _Output, man: dict, rank: dict, p_threshold: float) -> li
     return checks
 
 
-def _space_check(cfg: VerifyConfig, tokens: int) -> dict:
-    hidden = cfg.hidden_size
-    if cfg.model:
-        from eagle3 import target
-
-        hidden = int(json.loads(storage.read_text(storage.join(target.resolve_model(cfg.model), "config.json")))[
-            "hidden_size"])
-    per_token = (cfg.num_aux_layers + int(cfg.store_last)) * hidden * cfg.bytes_per_value + 4 + 1
-    need = tokens * per_token
-    hours = tokens / cfg.tokens_per_s / 3600
+def _space_check(cfg: VerifyConfig, tokens: int, samples: int) -> dict:
+    hidden = cfg.resolved_hidden_size()
+    est = storage_options.extraction_estimate(cfg.storage, hidden, tokens, samples, cfg.tokens_per_s)
+    need, hours = est["bytes"], est["hours"]
     dest = cfg.store or cfg.merged
     free = storage.free_bytes(dest)
     fits = free is None or need * cfg.headroom <= free
     fast = cfg.max_hours is None or hours <= cfg.max_hours
-    detail = (f"{tokens} tokens x {per_token} B/token = {need / 1e9:.3f} GB (x{cfg.headroom} headroom) vs "
-              f"{'unknown (object store)' if free is None else f'{free / 1e9:.3f} GB'} free at {dest}; "
-              f"~{hours:.2f} h at {cfg.tokens_per_s:g} tok/s")
+    detail = (f"{tokens} tokens x {est['bytes_per_token']} B/token ({cfg.storage}, H={hidden}) = {need / 1e9:.3f} GB "
+              f"(x{cfg.headroom} headroom) vs {'unknown (object store)' if free is None else f'{free / 1e9:.3f} GB'} "
+              f"free at {dest}; ~{hours:.2f} h at {cfg.tokens_per_s:g} tok/s")
     if not fits:
         detail += f"; short by {(need * cfg.headroom - free) / 1e9:.3f} GB"
     if not fast:
         detail += f"; over the {cfg.max_hours} h limit by {hours - cfg.max_hours:.2f} h"
-    return _check("extraction_space", fits and fast, detail, bytes_per_token=per_token, bytes=need,
-                  free_bytes=free, hours=hours, hidden_size=hidden)
+    return _check("extraction_space", fits and fast, detail, bytes_per_token=est["bytes_per_token"], bytes=need,
+                  free_bytes=free, hours=hours, hidden_size=hidden, storage=cfg.storage)
 
 
-def verify(merged_uri: str | VerifyConfig, prepared_uri: str | None = None, **options) -> dict:
+def run(cfg: VerifyConfig) -> dict:
     """Run every check on a merged folder, write verify.json, raise GateFailed if one fails.
 
-    Takes a VerifyConfig, or the merged URI plus VerifyConfig fields as keywords.
     Returns the verify.json content.
     """
-    cfg = merged_uri if isinstance(merged_uri, VerifyConfig) else VerifyConfig(
-        merged=merged_uri, prepared=prepared_uri, **options)
     man_uri = storage.join(cfg.merged, "manifest.json")
     if not storage.exists(man_uri):
         raise InputError(f"{man_uri} not found; run `eagle3 merge --out {cfg.merged}` first")
@@ -290,7 +243,7 @@ def verify(merged_uri: str | VerifyConfig, prepared_uri: str | None = None, **op
     source_checks, rank = _source_checks(out, man, cfg.prepared)
     checks += _row_checks(out, man["max_seq_len"]) + source_checks
     checks += _order_checks(out, man, rank, cfg.p_threshold)
-    checks.append(_space_check(cfg, int(out.num_tokens.sum())))
+    checks.append(_space_check(cfg, int(out.num_tokens.sum()), out.n))
     failed = [c for c in checks if not c["passed"]]
     result = {"passed": not failed, "failed": [c["name"] for c in failed], "samples": out.n,
               "tokens": int(out.num_tokens.sum()), "content_hash": man.get("content_hash"), "checks": checks}
@@ -300,22 +253,3 @@ def verify(merged_uri: str | VerifyConfig, prepared_uri: str | None = None, **op
     if failed:
         raise GateFailed("verify gate failed: " + " | ".join(f"{c['name']}: {c['detail']}" for c in failed))
     return result
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--merged", required=True, help="merged folder from `eagle3 merge` (local or s3://)")
-    p.add_argument("--prepared", default=None, help="prepared folder (default: the one in manifest.json)")
-    p.add_argument("--model", default=None, help="target model dir or alias: read its hidden size")
-    p.add_argument("--hidden-size", type=int, default=576, help="target hidden size for the estimate (default 576)")
-    p.add_argument("--bytes-per-value", type=int, default=2, help="bytes per stored value (2 = bf16)")
-    p.add_argument("--store", default=None, help="hidden-state destination whose free space is checked")
-    p.add_argument("--tokens-per-s", type=float, default=3000.0, help="extraction speed for the hours estimate")
-    p.add_argument("--max-hours", type=float, default=None, help="fail if the estimated extraction takes longer")
-
-
-def run(args: argparse.Namespace) -> int:
-    result = verify(args.merged, args.prepared, model=args.model, hidden_size=args.hidden_size,
-                    bytes_per_value=args.bytes_per_value, store=args.store, tokens_per_s=args.tokens_per_s,
-                    max_hours=args.max_hours)
-    print(json.dumps({k: result[k] for k in ("passed", "samples", "tokens", "content_hash")}))
-    return 0

@@ -19,14 +19,14 @@ report as ``publish.json`` for the run report.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from eagle3 import storage
+from eagle3.config import stage_cli
 from eagle3.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -95,12 +95,25 @@ def _copy_dir(src: str, dest: str) -> list[str]:
     return names
 
 
-def publish(report: str, draft: str, registry: str, run_id: str | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PublishConfig:
+    report: str
+    """EVAL/report.json written by `eagle3 evaluate`."""
+    draft: str
+    """The evaluated DRAFT folder (what is copied when it wins)."""
+    registry: str
+    """Registry folder (local or s3://): registry.json and drafts/<entry id>/."""
+    run_id: str | None = None
+    """A label stored with the entry (the Airflow run id)."""
+
+
+def publish(cfg: PublishConfig) -> dict[str, Any]:
     """Record the evaluated draft in REGISTRY/registry.json and publish it if it wins.
 
     Returns {"published", "reason", "location" (the published copy or None),
     "acceptance_length", "compared": {...}, "registry", "entry_id"}.
     """
+    report, draft, registry, run_id = cfg.report, cfg.draft, cfg.registry, cfg.run_id
     rep = storage.read_json(report)
     missing = [k for k in _REQUIRED if k not in rep]
     if missing:
@@ -160,15 +173,10 @@ def publish(report: str, draft: str, registry: str, run_id: str | None = None) -
     return result
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--report", required=True, help="EVAL/report.json from `eagle3 evaluate`")
-    p.add_argument("--draft", required=True, help="the evaluated DRAFT folder")
-    p.add_argument("--registry", required=True, help="registry folder (local or s3://)")
-    p.add_argument("--run-id", default=None, help="a label stored with the entry (e.g. the Airflow run id)")
-
-
-def run(args: argparse.Namespace) -> int:
-    result = publish(args.report, args.draft, args.registry, args.run_id)
-    print(json.dumps(result, indent=2))
+def _publish_and_say(cfg: PublishConfig) -> dict[str, Any]:
+    result = publish(cfg)
     print(("PUBLISHED to " + result["location"]) if result["published"] else "NOT PUBLISHED: " + result["reason"])
-    return 0
+    return result
+
+
+add_arguments, run = stage_cli(PublishConfig, _publish_and_say)

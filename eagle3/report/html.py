@@ -7,7 +7,7 @@ import base64
 import html
 from typing import Any
 
-from eagle3.evaluate.metrics import ordered_sets
+from eagle3.acceptance import ordered_sets
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1100px;color:#222}

@@ -1,4 +1,4 @@
-"""Merge prepared datasets into one shuffled train.parquet (the `merge` stage).
+"""The merge stage: prepared datasets into one shuffled train.parquet.
 
 What it does, in order:
   1. leaves out the datasets on the drop list (recorded in the manifest);
@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -33,7 +32,6 @@ import math
 import os
 import tempfile
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,53 +39,11 @@ from eagle3 import storage
 from eagle3.background import BackgroundWriter, HashingFile, prefetch
 from eagle3.config import to_dict
 from eagle3.errors import InputError
-from eagle3.merge_arrays import (DROP_DUPLICATE, DROP_NO_LOSS, DROP_TRUNCATED_NO_LOSS, content_ids, gather_rows,
+from eagle3.merge.config import MergeConfig
+from eagle3.merge.arrays import (DROP_DUPLICATE, DROP_NO_LOSS, DROP_TRUNCATED_NO_LOSS, content_ids, gather_rows,
                                  list_parts, output_schema, read_batches, rows_table, shuffle_keys, truncate_batch)
 
 log = logging.getLogger(__name__)
-
-
-def _names(value) -> tuple[str, ...]:
-    """Accept "a,b", ["a", "b"] or None (Airflow Params may give either)."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = value.split(",")
-    return tuple(v.strip() for v in value if v and v.strip())
-
-
-@dataclass(frozen=True)
-class MergeConfig:
-    prepared: str
-    """Prepared folder (PREP) holding <dataset>/tokenized.parquet (+ stats.json); local or s3://."""
-    out: str
-    """Merged folder to write (MERGED); local or s3://."""
-    max_seq_len: int = 8192
-    """Every sample is cut to this many tokens; its loss_mask is cut with it."""
-    seed: int = 42
-    """Seed of the shuffle (numpy PCG64)."""
-    drop: tuple[str, ...] = ()
-    """Dataset names left out of the merge (recorded in manifest.json)."""
-    datasets: tuple[str, ...] = ()
-    """Only merge these datasets (empty: every dataset in the prepared folder)."""
-    export_jsonl: bool = False
-    """Also write train.jsonl in the seed format."""
-    vocab_size: int | None = None
-    """Target vocab size recorded for the vocab stage; default: taken from stats.json when present."""
-    batch_rows: int = 1024
-    """Rows per streamed record batch."""
-    bucket_mb: float = 32
-    """Size of one shuffle bucket held in memory at a time; bounds the peak memory."""
-
-    def __post_init__(self):
-        object.__setattr__(self, "drop", _names(self.drop))
-        object.__setattr__(self, "datasets", _names(self.datasets))
-        if int(self.max_seq_len) < 1:
-            raise InputError(f"max_seq_len must be >= 1, got {self.max_seq_len!r} (e.g. --max-seq-len 8192)")
-        if self.batch_rows < 1 or self.bucket_mb <= 0:
-            raise InputError(f"batch_rows must be >= 1 and bucket_mb > 0, got {self.batch_rows}, {self.bucket_mb}")
-        if self.vocab_size is not None and self.vocab_size < 1:
-            raise InputError(f"vocab_size must be >= 1, got {self.vocab_size!r}")
 
 
 def prepared_sources(prepared: str) -> dict[str, str]:
@@ -271,13 +227,14 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
     return digest.hexdigest(), sink.sha256.hexdigest()
 
 
-def merge(cfg: MergeConfig) -> dict:
+def run(cfg: MergeConfig) -> dict:
     """Run the merge stage; returns a small summary (the manifest's totals and hash)."""
     import pyarrow.parquet as pq
 
     from eagle3.progress import Progress
 
     t0 = time.monotonic()
+    cfg = cfg.resolved()
     sources, dropped = _select(cfg)
     stats = {n: _stats(cfg.prepared, n) for n in {**sources, **dropped}}
     fps = {s.get("tokenizer_fingerprint") for n, s in stats.items() if n in sources} - {None}
@@ -324,24 +281,3 @@ def merge(cfg: MergeConfig) -> dict:
                "seconds": round(time.monotonic() - t0, 3)}
     log.info("merge: %s", summary)
     return summary
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prepared", required=True, help="prepared folder from `eagle3 tokenize` (local or s3://)")
-    p.add_argument("--out", required=True, help="merged folder to write (local or s3://)")
-    p.add_argument("--max-seq-len", type=int, default=8192, help="truncate samples to N tokens (default 8192)")
-    p.add_argument("--seed", type=int, default=42, help="shuffle seed (default 42)")
-    p.add_argument("--drop", default="", help="comma-separated dataset names to leave out")
-    p.add_argument("--datasets", default="", help="comma-separated dataset names to merge (default: all)")
-    p.add_argument("--export-jsonl", action="store_true", help="also write train.jsonl in the seed format")
-    p.add_argument("--vocab-size", type=int, default=None, help="target vocab size to record for `eagle3 vocab`")
-    p.add_argument("--bucket-mb", type=float, default=32, help="shuffle bucket size in MiB (bounds memory)")
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = MergeConfig(prepared=args.prepared, out=args.out, max_seq_len=args.max_seq_len, seed=args.seed,
-                      drop=args.drop, datasets=args.datasets, export_jsonl=args.export_jsonl,
-                      vocab_size=args.vocab_size, bucket_mb=args.bucket_mb)
-    print(json.dumps(merge(cfg), indent=2))
-    return 0
-

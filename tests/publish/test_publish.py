@@ -8,7 +8,7 @@ import pytest
 
 from eagle3 import storage
 from eagle3.cli import main
-from eagle3.evaluate.publish import publish, read_registry
+from eagle3.publish import PublishConfig, publish, read_registry
 from eagle3.errors import InputError
 
 
@@ -27,27 +27,27 @@ def _eval(root, name, tau, spec=120.0, base=90.0, lossless=True, weights=b"w", p
 
 def _sequence(root, registry):
     r1, d1 = _eval(root, "first", 2.1)
-    first = publish(r1, d1, registry, run_id="run/1")
+    first = publish(PublishConfig(r1, d1, registry, run_id="run/1"))
     assert first["published"] and "first draft published on this benchmark (humaneval, k=3" in first["reason"]
     assert storage.list_files(first["location"]) == ["config.json", "model.safetensors"]
     assert storage.read_bytes(storage.join(first["location"], "model.safetensors")) == b"wfirst"
 
     r2, d2 = _eval(root, "worse", 2.0)
-    worse = publish(r2, d2, registry)
+    worse = publish(PublishConfig(r2, d2, registry))
     assert not worse["published"] and worse["location"] is None
     assert "does not beat the previous best 2.100" in worse["reason"]
     assert worse["compared"]["previous_best"]["acceptance_length"] == 2.1
 
     r3, d3 = _eval(root, "slow", 3.0, spec=80.0, base=90.0)
-    slow = publish(r3, d3, registry)
+    slow = publish(PublishConfig(r3, d3, registry))
     assert not slow["published"] and "not faster than the baseline: 80.00 vs 90.00" in slow["reason"]
 
     r4, d4 = _eval(root, "lossy", 3.5, lossless=False)
-    lossy = publish(r4, d4, registry)
+    lossy = publish(PublishConfig(r4, d4, registry))
     assert not lossy["published"] and "not lossless" in lossy["reason"]
 
     r5, d5 = _eval(root, "better", 2.6)
-    better = publish(r5, d5, registry)
+    better = publish(PublishConfig(r5, d5, registry))
     assert better["published"] and "beats the previous best τ 2.100" in better["reason"]
     assert better["compared"]["previous_best"]["id"] == first["entry_id"]
 
@@ -57,7 +57,7 @@ def _sequence(root, registry):
     # the decision is also written next to the report, for the run report
     assert storage.read_json(storage.join(root, "better", "eval", "publish.json"))["published"] is True
     # a retried task with the same weights does not publish twice
-    again = publish(r5, d5, registry)
+    again = publish(PublishConfig(r5, d5, registry))
     assert again["published"] and "already published" in again["reason"]
     assert len(read_registry(registry)["entries"]) == 5
 
@@ -74,7 +74,7 @@ def test_publish_decisions_on_s3(s3_bucket):
 def test_publish_refuses_a_report_without_metrics(tmp_path):
     storage.write_json(str(tmp_path / "report.json"), {"acceptance_length": 2.0})
     with pytest.raises(InputError, match="lacks lossless"):
-        publish(str(tmp_path / "report.json"), str(tmp_path), str(tmp_path / "reg"))
+        publish(PublishConfig(str(tmp_path / "report.json"), str(tmp_path), str(tmp_path / "reg")))
 
 
 def test_publish_cli(tmp_path, capsys):
@@ -88,14 +88,14 @@ def test_publish_cli(tmp_path, capsys):
 def test_tau_is_compared_only_on_the_same_benchmark(tmp_path):
     root, registry = str(tmp_path), str(tmp_path / "registry")
     r1, d1 = _eval(root, "chat-draft", 3.2, prompts="chat")
-    assert publish(r1, d1, registry)["published"]
+    assert publish(PublishConfig(r1, d1, registry))["published"]
     # a HumanEval τ of 2.0 is not "worse" than a chat τ of 3.2: different prompts, not comparable
     r2, d2 = _eval(root, "code-draft", 2.0)
-    code = publish(r2, d2, registry)
+    code = publish(PublishConfig(r2, d2, registry))
     assert code["published"] and "first draft published on this benchmark (humaneval" in code["reason"]
     assert "1 draft(s) published on other benchmarks were not compared" in code["reason"]
     assert code["compared"]["previous_best"] is None and code["compared"]["benchmark"]["prompts_source"] == "humaneval"
     r3, d3 = _eval(root, "code-worse", 1.9)
-    worse = publish(r3, d3, registry)
+    worse = publish(PublishConfig(r3, d3, registry))
     assert not worse["published"] and "does not beat the previous best 2.000" in worse["reason"]
     assert read_registry(registry)["best"] == code["entry_id"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from eagle3 import storage
-from eagle3.evaluate.report import training_curves, write_report, write_run_report
+from eagle3.report import training_curves, write_report, write_run_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

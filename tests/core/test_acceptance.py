@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.evaluate.metrics import (
+from eagle3.acceptance import (
     accept_length_histogram, accept_rate_by_position, acceptance_length, simulated_acceptance_length,
 )
 

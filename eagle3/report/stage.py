@@ -1,6 +1,6 @@
-"""One report per run: report.json, PNG plots and a self-contained report.html.
+"""The report stage: report.json, PNG plots, a self-contained report.html, and run_summary.json.
 
-    write_run_report(run_dir=RUN, prepared=PREP)        # the DAG's layout, writes RUN/report/
+    report(ReportConfig(root, dag_id, run_id))        # a DAG run (eagle3.layout): writes RUN/report/
     write_report(out, prepared=..., checkpoint=..., evaluation=..., ...)   # explicit paths
 
 Every input is optional; a missing part becomes a line under "missing" and
@@ -17,13 +17,13 @@ its plot is left out (a run without regeneration, a failed evaluation, ...):
 from __future__ import annotations
 
 import io
-import json
 import logging
 import time
 from typing import Any
 
 from eagle3 import storage
-from eagle3.evaluate.metrics import ordered_sets
+from eagle3.acceptance import ordered_sets
+from eagle3.layout import RUN_SUMMARY_SCHEMA, RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -70,21 +70,20 @@ def dataset_rows(prepared: str | None = None, stats_dir: str | None = None,
 
 
 def training_curves(checkpoint: str | None) -> dict | None:
-    """{"train": [...], "eval": [...]} events of CKPT/metrics.jsonl with per-step loss_i/acc_i lists."""
-    uri = storage.join(checkpoint, "metrics.jsonl") if checkpoint else None
-    if not uri or not storage.exists(uri):
+    """{"train": [...], "eval": [...]} events of CKPT/metrics.jsonl (eagle3.checkpoint's schema)."""
+    from eagle3.checkpoint import METRICS_FILE, read_metrics
+
+    if not checkpoint:
+        return None
+    try:
+        events = read_metrics(storage.join(checkpoint, METRICS_FILE))
+    except (OSError, ValueError) as e:
+        log.warning("report: could not read the metrics of %s (%s); training curves are left out", checkpoint, e)
         return None
     out: dict[str, list[dict]] = {"train": [], "eval": []}
-    for line in storage.read_text(uri).splitlines():
-        if not line.strip():
-            continue
-        ev = json.loads(line)
-        kind = "eval" if "eval" in str(ev.get("event", ev.get("split", ""))) else "train"
-        n = max([int(k.split("_")[1]) + 1 for k in ev if k.startswith(("loss_", "acc_")) and k[-1].isdigit()] or [0])
-        loss = ev.get("loss_i") if isinstance(ev.get("loss_i"), list) else [ev.get(f"loss_{i}") for i in range(n)]
-        acc = ev.get("acc_i") if isinstance(ev.get("acc_i"), list) else [ev.get(f"acc_{i}") for i in range(n)]
-        out[kind].append({"step": ev.get("step"), "loss_i": loss, "acc_i": acc,
-                          "sim_accept_len": ev.get("sim_accept_len")})
+    for ev in events:
+        if ev.get("event") in out:
+            out[ev["event"]].append({k: ev.get(k) for k in ("step", "loss_i", "acc_i", "sim_accept_len")})
     return out if out["train"] or out["eval"] else None
 
 
@@ -234,18 +233,58 @@ def write_report(out: str, *, prepared: str | None = None, stats_dir: str | None
     for name, png in plots.items():
         storage.write_bytes(storage.join(out, name), png)
     storage.write_json(storage.join(out, "report.json"), report)
-    from eagle3.evaluate.report_html import render_html
+    from eagle3.report.html import render_html
 
     storage.write_text(storage.join(out, "report.html"), render_html(report, plots))
     log.info("report: %s (%d plots; missing: %s)", out, len(plots), "; ".join(missing) or "nothing")
     return report
 
 
-def write_run_report(run_dir: str, prepared: str | None = None, out: str | None = None) -> dict[str, Any]:
-    """`write_report` over the DAG's run layout: RUN/{stats,merged,checkpoint,eval} -> RUN/report/."""
-    out = out or storage.join(run_dir, "report")
-    report = write_report(out, prepared=prepared, stats_dir=storage.join(run_dir, "stats"),
-                          merged=storage.join(run_dir, "merged"), checkpoint=storage.join(run_dir, "checkpoint"),
-                          evaluation=storage.join(run_dir, "eval"), title=f"EAGLE-3 run report: {run_dir}")
-    return {"out": out, "plots": report["plots"], "missing": report["missing"],
-            "acceptance_length": report["acceptance_length"], "lossless": report["lossless"]}
+def _task_results(layout: RunLayout) -> dict[str, Any]:
+    """{task_id: result, or [results] of a mapped task in map-index order} from the run's summaries folder."""
+    results: dict[str, Any] = {}
+    mapped: dict[str, list[tuple[int, Any]]] = {}
+    for name in storage.list_files(layout.summaries):
+        if "/" in name or not name.endswith(".json"):
+            continue
+        stem = name[: -len(".json")]
+        task, _, index = stem.partition(".")
+        value = _json(storage.join(layout.summaries, name))
+        if index.isdigit():
+            mapped.setdefault(task, []).append((int(index), value))
+        else:
+            results[task] = value
+    for task, items in mapped.items():
+        results[task] = [v for _, v in sorted(items, key=lambda iv: iv[0])]
+    return results
+
+
+def _reuse(tasks: dict[str, Any]) -> dict[str, Any]:
+    tokenized = {}
+    for result in tasks.get("tokenize") or []:
+        for name, s in ((result or {}).get("datasets") or {}).items():
+            tokenized[name] = "reused" if s.get("reused") else "tokenized"
+    extracted = [s for s in tasks.get("extract") or [] if isinstance(s, dict)]
+    return {"tokenize": tokenized,
+            "extracted_samples": sum(s.get("samples_extracted", 0) for s in extracted),
+            "reused_samples": sum(s.get("samples_skipped", 0) for s in extracted),
+            "extracted_tokens": sum(s.get("tokens", 0) for s in extracted)}
+
+
+def run(cfg) -> dict[str, Any]:
+    """The run's report folder from the layout's stage outputs, and run_summary.json (RUN_SUMMARY_SCHEMA)."""
+    layout = RunLayout(cfg.root, cfg.dag_id, cfg.run_id)
+    paths = layout.paths()
+    report = write_report(paths["report"], prepared=paths["prepared"], stats_dir=paths["stats"],
+                          merged=paths["merged"], checkpoint=paths["checkpoint"], evaluation=paths["eval"],
+                          title=f"EAGLE-3 run report: {cfg.dag_id} / {cfg.run_id}")
+    tasks = _task_results(layout)
+    reuse = _reuse(tasks)
+    storage.write_json(storage.join(paths["report"], "reuse.json"), reuse)
+    result = {"out": paths["report"], "plots": report["plots"], "missing": report["missing"],
+              "acceptance_length": report["acceptance_length"], "lossless": report["lossless"], "reuse": reuse}
+    storage.write_json(layout.summary_file, {
+        "schema": RUN_SUMMARY_SCHEMA, "dag_id": cfg.dag_id, "run_id": cfg.run_id, "root": cfg.root,
+        "paths": paths, "tasks": tasks, "reused": reuse, "report": result})
+    log.info("report: %s; reused: %s", paths["report"], reuse)
+    return result

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3.train import checkpoint as ck
+from eagle3 import checkpoint as ck
+from eagle3.checkpoint import state as ck_state
 
 
 def _model_and_opt():
@@ -26,7 +27,7 @@ def _model_and_opt():
 
 def test_save_load_roundtrip_restores_weights_optimizer_and_state(tmp_path):
     model, opt, names = _model_and_opt()
-    tensors, meta = ck.optimizer_tensors(opt, names)
+    tensors, meta = ck_state.optimizer_tensors(opt, names)
     ck.save(str(tmp_path), 3, model.state_dict(), tensors, {"opt": meta, "position": {"epoch": 1, "index": 2}},
             {"hidden_size": 4})
     got = ck.load_latest(str(tmp_path))
@@ -41,7 +42,7 @@ def test_save_load_roundtrip_restores_weights_optimizer_and_state(tmp_path):
             p2.copy_(p)
     torch.optim.AdamW(model2.parameters(), lr=1.0)  # unrelated optimizer must not matter
     opt3 = torch.optim.AdamW(model2.parameters(), lr=1.0, betas=(0.9, 0.95))
-    ck.load_optimizer(opt3, got.optimizer, got.state["opt"], {p: n for n, p in model2.named_parameters()})
+    ck_state.load_optimizer(opt3, got.optimizer, got.state["opt"], {p: n for n, p in model2.named_parameters()})
     assert opt3.param_groups[0]["lr"] == pytest.approx(1e-2)
     x = torch.randn(5, 4)
     for m, o in ((model, opt), (model2, opt3)):
@@ -54,7 +55,7 @@ def test_save_load_roundtrip_restores_weights_optimizer_and_state(tmp_path):
 
 def test_files_are_safetensors_and_json_only(tmp_path):
     model, opt, names = _model_and_opt()
-    tensors, meta = ck.optimizer_tensors(opt, names)
+    tensors, meta = ck_state.optimizer_tensors(opt, names)
     ck.save(str(tmp_path), 1, model.state_dict(), tensors, {"opt": meta}, {})
     files = sorted(p.name for p in (tmp_path / ck.step_dir_name(1)).iterdir())
     assert files == ["config.json", "model.safetensors", "optimizer.safetensors", "train_state.json"]
@@ -65,7 +66,7 @@ def test_files_are_safetensors_and_json_only(tmp_path):
 
 def test_keeps_last_two_and_ignores_half_written_folders(tmp_path):
     model, opt, names = _model_and_opt()
-    tensors, meta = ck.optimizer_tensors(opt, names)
+    tensors, meta = ck_state.optimizer_tensors(opt, names)
     (tmp_path / ".step-00000009.abc.tmp").mkdir(parents=True)  # a save killed half-way
     for step in (1, 2, 3, 4):
         ck.save(str(tmp_path), step, model.state_dict(), tensors, {"opt": meta}, {}, keep=2)
@@ -80,17 +81,17 @@ def test_no_checkpoint_yet_returns_none(tmp_path):
 
 def test_rng_state_roundtrip_through_json():
     torch.manual_seed(1), np.random.seed(2), random.seed(3)
-    state = json.loads(json.dumps(ck.rng_state()))
+    state = json.loads(json.dumps(ck_state.rng_state()))
     a = (torch.rand(3), np.random.rand(3), random.random())
     torch.manual_seed(9), np.random.seed(9), random.seed(9)
-    ck.set_rng_state(state)
+    ck_state.set_rng_state(state)
     b = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
 
 
 def test_s3_checkpoint_roundtrip(s3_bucket):
     model, opt, names = _model_and_opt()
-    tensors, meta = ck.optimizer_tensors(opt, names)
+    tensors, meta = ck_state.optimizer_tensors(opt, names)
     uri = f"{s3_bucket}/ckpt"
     for step in (5, 6, 7):
         ck.save(uri, step, model.state_dict(), tensors, {"opt": meta}, {"k": step})

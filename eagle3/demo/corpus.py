@@ -32,7 +32,7 @@ import json
 import random
 
 from eagle3 import storage
-from eagle3.demo_code_tasks import code_completion
+from eagle3.demo.code_tasks import code_completion
 from eagle3.errors import InputError
 
 # name -> (samples at scale 1, format, file, category)

@@ -1,0 +1,59 @@
+"""EvaluateConfig: what the evaluate stage benchmarks, on which engine (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eagle3.devices import check_device
+from eagle3.errors import InputError
+
+BACKENDS = ("transformers", "vllm", "sglang")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    model: str
+    """Target model: local HF dir, s3:// prefix or the alias smollm2-135m-instruct."""
+    draft: str
+    """Exported draft dir (DRAFT/: config.json + model.safetensors), local or s3://."""
+    out: str
+    """Output dir EVAL/ for report.json, local or s3://."""
+    prompts: str = "humaneval,chat"
+    """Comma-separated prompt sets, each "humaneval", "chat" (bundled held-out chat questions) or a JSONL of
+    {"prompt"} / {"messages"} lines (local or s3://). The first set's τ is the headline and the publish gate's."""
+    steps: int = 3
+    """k: draft tokens per target verification (τ is capped at k + 1)."""
+    limit: int | None = 20
+    """Use only the first N prompts of each set (None: all)."""
+    max_new_tokens: int = 128
+    """Tokens generated per prompt (the decoders stop at eos too)."""
+    checkpoint: str | None = None
+    """Trainer CKPT/ whose metrics.jsonl gives the offline simulated τ shown beside the real one."""
+    backend: str = "transformers"
+    """transformers: the project's decoder in this process; vllm: two vLLM servers (baseline, then EAGLE-3);
+    sglang: two SGLang servers on GPUs."""
+    device: str = "auto"
+    """transformers: auto (cuda if a GPU is visible, else cpu), cpu or cuda[:i]."""
+    warmup: bool = True
+    """Decode the first prompt briefly before timing (first calls pay one-off costs)."""
+    threads: int | None = None
+    """transformers: torch CPU threads (None: torch's default)."""
+    tp: int = 1
+    """sglang: tensor-parallel size (GPUs per server)."""
+    gpus: tuple[int, ...] | None = None
+    """sglang: GPU ids for CUDA_VISIBLE_DEVICES (None: the leased ones)."""
+    port: int | None = None
+    """vllm / sglang: server port (None: a free one)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise InputError(f"EvaluateConfig.backend={self.backend!r} is not one of {', '.join(BACKENDS)}")
+        for name in ("steps", "max_new_tokens", "tp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"EvaluateConfig.{name}={value!r} must be an int >= 1 (e.g. --steps 3)")
+        for name in ("limit", "threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise InputError(f"EvaluateConfig.{name}={value!r} must be None or an int >= 1")
+        check_device(self.device, "EvaluateConfig.device")

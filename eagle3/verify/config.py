@@ -1,0 +1,49 @@
+"""VerifyConfig: what the verify gate checks a merged dataset against (torch- and numpy-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eagle3 import storage_options
+from eagle3.errors import InputError
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    merged: str
+    """Merged folder written by `eagle3 merge` (local or s3://)."""
+    prepared: str | None = None
+    """Prepared folder the merge read; default: the one recorded in manifest.json."""
+    model: str | None = None
+    """Target model (directory, alias or s3:// prefix): its config.json gives H for the extraction estimate."""
+    hidden_size: int | None = None
+    """H when no model is given; default: storage_options.REFERENCE_HIDDEN_SIZE."""
+    storage: str = storage_options.DEFAULT
+    """Storage option the store will use; its bytes per token size the estimate."""
+    store: str | None = None
+    """Where the hidden states will go (its free space is checked); default: the merged folder."""
+    headroom: float = 1.1
+    """The store needs estimated bytes x headroom free."""
+    tokens_per_s: float = storage_options.DEFAULT_EXTRACT_TOKENS_PER_S
+    """Extraction speed (all shards together) for the hours estimate."""
+    max_hours: float | None = None
+    """Fail when the estimated extraction time exceeds this (None: report only)."""
+    p_threshold: float = 1e-3
+    """Family-wise p-value threshold of the uniform-position test (Bonferroni over sources)."""
+
+    def __post_init__(self):
+        storage_options.option(self.storage)
+        if self.model and self.hidden_size:
+            raise InputError("VerifyConfig: give model or hidden_size, not both")
+        if self.hidden_size is not None and self.hidden_size < 1:
+            raise InputError(f"hidden_size must be >= 1, got {self.hidden_size!r}")
+        if self.tokens_per_s <= 0 or not 0 < self.p_threshold < 1 or self.headroom < 1:
+            raise InputError(f"need tokens_per_s > 0, 0 < p_threshold < 1, headroom >= 1; got "
+                             f"{self.tokens_per_s}, {self.p_threshold}, {self.headroom}")
+
+    def resolved_hidden_size(self) -> int:
+        if self.model:
+            from eagle3 import target
+
+            return target.config_int(target.read_config(self.model), "hidden_size", self.model)
+        return self.hidden_size or storage_options.REFERENCE_HIDDEN_SIZE

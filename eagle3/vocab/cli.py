@@ -1,0 +1,15 @@
+"""Build the draft vocab map d2t/t2d from the loss-token frequencies of a merged dataset.
+
+  eagle3 vocab --merged MERGED --draft-vocab-size 8192 --out VOCAB
+"""
+
+from eagle3.config import stage_cli
+from eagle3.vocab import VocabConfig, vocab
+
+
+def _brief(cfg: VocabConfig) -> dict:
+    info = vocab(cfg)
+    return {k: info[k] for k in ("draft_vocab_size", "vocab_size", "coverage", "fill", "reused", "cache_key")}
+
+
+add_arguments, run = stage_cli(VocabConfig, _brief)
