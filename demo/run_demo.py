@@ -26,7 +26,8 @@ DEMO_CONF = {
     "ttt_length": 3,
     "epochs": 3,
     "lr": 2e-3,
-    "token_budget": 1024,
+    "extract_token_budget": 1024,
+    "train_token_budget": 1024,
     "extract_shards": 2,
     "extract_tokens_per_s": 750,  # measured here: SmolLM2 fp32 on 2 CPU cores, one shard at a time
     "benchmark_prompts": "humaneval,chat",
@@ -94,7 +95,7 @@ def summarize(artifacts: Path) -> int:
     if report.exists():
         r = json.loads(report.read_text())
         sim = r.get("sim_accept_len_k")
-        from eagle3.evaluate.metrics import ordered_sets
+        from eagle3.acceptance import ordered_sets
 
         for name, s in ordered_sets(r):
             print(f"--- evaluation on {name} ({s.get('num_prompts', '?')} prompts x {r.get('max_new_tokens')} "

@@ -15,7 +15,9 @@ import argparse
 import importlib
 import json
 import logging
+import signal
 import sys
+import threading
 
 from eagle3.errors import Eagle3Error, exit_code
 
@@ -55,17 +57,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    # Airflow's on_kill and `kill` send SIGTERM: leave through `finally` blocks, which stop the servers a
+    # stage started and remove its temporary files.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     try:
         summary = args._run(args)
     except Eagle3Error as e:
         print(f"eagle3 {args.command}: error: {e}", file=sys.stderr)
         return exit_code(e)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     if isinstance(summary, int):
         return summary
     if summary is not None:

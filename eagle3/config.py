@@ -127,7 +127,7 @@ def _coerce(value: Any, tp, where: str) -> Any:
             if len(args) == 2 and args[1] is Ellipsis:
                 return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
             if len(args) == len(value):
-                return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(args, value)))
+                return tuple(_coerce(v, a, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
     elif origin in (dict, list) or base in (dict, list):
         if isinstance(value, origin or base):
             return value

@@ -32,14 +32,15 @@ class DiscoverConfig:
 
 
 def discover(cfg: DiscoverConfig) -> dict:
-    """{"regenerate": [{"dataset"}], "tokenize": [{"dataset", "source_override"}], "extract": [{"shard"}]}."""
+    """The mapped tasks' Config fields: {"regenerate": [{"datasets": [name]}], "tokenize": [{"dataset",
+    "source_override"}], "extract": [{"shard": "i/n"}]}."""
     from eagle3.tokenize.manifest import load_manifest
 
     regenerate, tokenize = [], []
     for ds in load_manifest(cfg.manifest):
         override = layout.regenerated_source(cfg.root, ds.name) if ds.regenerate else None
         if ds.regenerate:
-            regenerate.append({"dataset": ds.name})
+            regenerate.append({"datasets": [ds.name]})
         tokenize.append({"dataset": ds.name, "source_override": override})
     shards = [{"shard": f"{i}/{cfg.extract_shards}"} for i in range(cfg.extract_shards)]
     return {"regenerate": regenerate, "tokenize": tokenize, "extract": shards}

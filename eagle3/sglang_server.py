@@ -56,6 +56,15 @@ class ServerFailed(Eagle3Error):
     """The server exited or never became healthy; the message holds its log tail."""
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def eagle3_speculative(draft_dir: str, steps: int = 3, topk: int = 1) -> dict:
     """The speculative settings for an EAGLE-3 draft; with topk 1, draft tokens = steps + 1."""
     return {"algorithm": "EAGLE3", "draft_model_path": draft_dir, "num_steps": steps, "eagle_topk": topk,

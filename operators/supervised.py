@@ -1,11 +1,11 @@
-"""Run a stage's CLI in a supervised subprocess (extraction, training).
+"""Run a stage's CLI in a supervised subprocess (regeneration, extraction, training, evaluation).
 
 GPU work must not run in the task process (it is forked from the supervisor
 and must never initialise CUDA), and a long run must die with the task: the
 child gets its own process group, which `kill()` ends on `on_kill`.
-The child's exit code carries the error class: 75 → GpuOutOfMemory (retry),
-2 → InputError and 3 → GateFailed (no retry), anything else → a plain failure
-(default retries).
+The child's exit code carries the error class (eagle3.errors): 75 →
+GpuOutOfMemory (retry), 2 → InputError and 3 → GateFailed (no retry), anything
+else → a plain failure (default retries).
 """
 
 from __future__ import annotations
@@ -18,10 +18,7 @@ import subprocess
 import sys
 import time
 
-from eagle3.errors import GateFailed, GpuOutOfMemory, InputError
-
-INPUT_ERROR_EXIT = 2
-GATE_FAILED_EXIT = 3  # e.g. `eagle3 evaluate` found speculative output != greedy output
+from eagle3.errors import error_for_exit
 
 
 class SupervisedProcess:
@@ -47,16 +44,8 @@ class SupervisedProcess:
             tail.append(line)
             self.log.info("%s", line)
         code = self.proc.wait()
-        last = "\n".join(tail)
-        if code == 0:
-            return
-        if code == GpuOutOfMemory.EXIT_CODE:
-            raise GpuOutOfMemory(f"{self.stage} ran out of memory; state saved, the retry resumes.\n{last}")
-        if code == INPUT_ERROR_EXIT:
-            raise InputError(f"bad input (exit {code}):\n{last}")
-        if code == GATE_FAILED_EXIT:
-            raise GateFailed(f"{self.stage} check failed (exit {code}):\n{last}")
-        raise RuntimeError(f"subprocess exited with {code}:\n{last}")
+        if code != 0:
+            raise error_for_exit(code, f"{self.stage} exited with {code}:\n" + "\n".join(tail))
 
     def kill(self, grace_s: float = 10.0) -> None:
         """Stop the whole process group: SIGTERM, then SIGKILL after grace_s."""
@@ -75,4 +64,3 @@ class SupervisedProcess:
 def eagle3_cli(*args: str) -> list[str]:
     """argv for the eagle3 CLI with this interpreter."""
     return [sys.executable, "-m", "eagle3.cli", *args]
-

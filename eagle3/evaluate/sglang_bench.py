@@ -27,6 +27,7 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import os
 import sys
 import tempfile
 import threading
@@ -37,6 +38,7 @@ from typing import Any
 
 from eagle3 import storage
 from eagle3.errors import Eagle3Error, InputError
+from eagle3.sglang_server import free_port
 
 log = logging.getLogger(__name__)
 
@@ -266,9 +268,16 @@ def from_evaluate_config(cfg) -> SGLangBenchConfig:
     return SGLangBenchConfig(target=cfg.model, draft=cfg.draft, out=cfg.out, prompts=cfg.prompts,
                              num_steps=cfg.steps, num_draft_tokens=cfg.steps + 1, limit=cfg.limit,
                              max_new_tokens=cfg.max_new_tokens, tp=cfg.tp,
-                             gpus=list(cfg.gpus) if cfg.gpus else None, port=cfg.port or 30000)
+                             gpus=list(cfg.gpus) if cfg.gpus else None, port=cfg.port or free_port(),
+                             module=os.environ.get("EAGLE3_SGLANG_MODULE", "sglang.launch_server"))
 
 
 def sglang_benchmark(cfg: SGLangBenchConfig) -> dict:
-    """Run both phases and write ``cfg.out``/sglang_report.json; returns its summary."""
-    return SGLangBenchmark(cfg).run()
+    """Run both phases and write ``cfg.out``/sglang_report.json; returns its summary. Without ``cfg.gpus``
+    the servers run on ``cfg.tp`` GPUs leased for the call (eagle3.devices)."""
+    if cfg.gpus is not None:
+        return SGLangBenchmark(cfg).run()
+    from eagle3.devices import lease_device
+
+    with lease_device(cfg.tp):  # narrows CUDA_VISIBLE_DEVICES for the block; the servers inherit it
+        return SGLangBenchmark(cfg).run()

@@ -191,11 +191,17 @@ def _read_indexes(uri: str) -> tuple[dict, dict]:
     return shards, where
 
 
-def resolve_store_dir(uri: str) -> str:
-    """A store key folder, given itself or a root that holds exactly one."""
+def resolve_store_dir(uri: str, key: str | None = None) -> str:
+    """A store key folder, given itself, or a root and the key (:func:`store_key`) of the store wanted in it,
+    or a root that holds exactly one store."""
     if st.exists(st.join(uri, "store.json")):
         return uri
     keys = sorted({n.rsplit("/", 1)[0] for n in st.list_files(uri) if n.count("/") == 1 and n.endswith("/store.json")})
+    if key is not None:
+        if key in keys:
+            return st.join(uri, key)
+        raise InputError(f"no hidden-state store {key} under {uri} (it holds {', '.join(keys) or 'none'}); run "
+                         "`eagle3 extract` for this model, aux layers and storage option first")
     if len(keys) == 1:
         return st.join(uri, keys[0])
     if not keys:
@@ -207,8 +213,8 @@ def resolve_store_dir(uri: str) -> str:
 class HiddenStateStore:
     """Read-only, memory-mapped access to a store (local or s3://; s3 shards are cached locally)."""
 
-    def __init__(self, uri: str):
-        self.uri = resolve_store_dir(str(uri))
+    def __init__(self, uri: str, key: str | None = None):
+        self.uri = resolve_store_dir(str(uri), key)
         self.info = st.read_json(st.join(self.uri, "store.json"))
         self.storage = self.info["storage"]
         self.layers = self.info["layers"]

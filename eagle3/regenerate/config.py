@@ -10,6 +10,7 @@ from eagle3.devices import check_device
 from eagle3.errors import Eagle3Error, InputError
 
 BACKENDS = ("hf", "openai")
+SERVERS = ("sglang", "vllm")
 
 
 class TooManyErrors(Eagle3Error):
@@ -61,6 +62,15 @@ class RegenerateConfig:
     """Discard earlier output of the selected datasets instead of resuming it."""
     extra_body: dict | None = None
     """openai: extra JSON fields for every request (e.g. OpenRouter ``provider`` routing)."""
+    server: str | None = None
+    """Serve ``model`` with this engine for the run and talk to it over the openai path: "sglang" (on
+    leased GPUs) or "vllm"; it is stopped when the run ends, also when the task is killed."""
+    server_tp: int = 1
+    """server: tensor-parallel size (GPUs leased for it)."""
+    server_port: int | None = None
+    """server: port on 127.0.0.1 (None: a free one)."""
+    server_args: tuple[str, ...] = ()
+    """server: extra engine flags, e.g. ("--mem-fraction-static", "0.8")."""
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -76,6 +86,8 @@ class RegenerateConfig:
         if not 0 <= self.max_error_share <= 1:
             raise InputError(f"regenerate: max_error_share={self.max_error_share!r} must be in [0, 1], e.g. 0.05")
         check_device(self.device, "regenerate: device")
+        if self.server is not None and self.server not in SERVERS:
+            raise InputError(f"regenerate: server={self.server!r} is not one of {', '.join(SERVERS)}")
         if isinstance(self.datasets, str):
             object.__setattr__(self, "datasets", (self.datasets,))
 

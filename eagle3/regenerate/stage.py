@@ -10,6 +10,8 @@ the regenerated datasets' sources are replaced, for the tokenize stage.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -194,7 +196,30 @@ async def _run_all(cfg: RegenerateConfig, specs, api_key: str | None) -> dict[st
     return results
 
 
+@contextlib.contextmanager
+def _served(cfg: RegenerateConfig):
+    """Start the engine ``cfg.server`` on the model; yield its OpenAI base URL; stop it on any exit."""
+    from eagle3.devices import lease_device
+    from eagle3.sglang_server import SGLangServer, free_port
+
+    if cfg.server != "sglang":
+        raise InputError(f"regenerate: server={cfg.server!r} is not supported here yet")
+    # The lease narrows CUDA_VISIBLE_DEVICES for the block; the server process inherits it.
+    with lease_device(cfg.server_tp):
+        server = SGLangServer(cfg.model, tp=cfg.server_tp, port=cfg.server_port or free_port(),
+                              extra_args=cfg.server_args,
+                              module=os.environ.get("EAGLE3_SGLANG_MODULE", "sglang.launch_server"))
+        try:
+            server.start().wait_healthy(timeout=1800)
+            yield server.url + "/v1"
+        finally:
+            server.stop()
+
+
 def run(cfg: RegenerateConfig, api_key: str | None = None) -> dict[str, Any]:
+    if cfg.server:
+        with _served(cfg) as url:
+            return run(dataclasses.replace(cfg, backend="openai", base_url=url, server=None), api_key or "EMPTY")
     """Regenerate the selected datasets; returns ``{"manifest": derived manifest URI, "datasets": {name: stats}}``.
 
     ``api_key`` (openai) overrides the environment variable named by ``cfg.api_key_env``;

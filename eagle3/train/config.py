@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eagle3 import storage_options
 from eagle3.config import DEFAULT_SEED
 from eagle3.devices import check_device
 from eagle3.errors import InputError
@@ -25,6 +26,11 @@ class TrainConfig:
     """Merged dataset folder (train.parquet): train on exactly its sample ids (the store may hold more)."""
     model: str | None = None
     """Target model (dir, s3 prefix or alias) for the frozen embedding and lm_head; default: store.json model_name."""
+    layers: tuple[int, ...] | None = None
+    """When ``store`` is a root holding several stores: the aux layer ids of the one to train on
+    (None: the target's default [1, L/2-1, L-4])."""
+    storage: str = storage_options.DEFAULT
+    """When ``store`` is a root holding several stores: the storage option of the one to train on."""
     max_steps: int = 0
     """Stop after this many optimizer steps in total (0: run all epochs)."""
     epochs: int = 1
@@ -82,6 +88,7 @@ class TrainConfig:
             raise InputError(f"TrainConfig.init={self.init!r} is not one of {', '.join(INIT_CHOICES)}")
         check_device(self.device, "TrainConfig.device")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        storage_options.option(self.storage)
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:

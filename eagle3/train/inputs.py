@@ -73,12 +73,23 @@ def load_vocab(uri: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(d2t), torch.from_numpy(t2d)
 
 
+def _store_key(cfg: TrainConfig) -> str | None:
+    """Which store of a root to train on: the one extraction filled for this model, layers and option."""
+    if not cfg.model:
+        return None
+    from eagle3.extract.store import store_key
+    from eagle3.target import config_int, default_aux_layers, model_fingerprint, read_config, resolve_model
+
+    layers = cfg.layers or default_aux_layers(config_int(read_config(cfg.model), "num_hidden_layers", cfg.model))
+    return store_key(model_fingerprint(resolve_model(cfg.model)), list(layers), cfg.storage)
+
+
 def load_inputs(cfg: TrainConfig) -> TrainInputs:
     from eagle3.extract.store import HiddenStateStore
     from eagle3.target import model_fingerprint, read_config, resolve_model
     from eagle3.target import vocab_size as target_vocab_size
 
-    store = HiddenStateStore(cfg.store)
+    store = HiddenStateStore(cfg.store, _store_key(cfg))
     d2t, t2d = load_vocab(cfg.vocab)
     name = cfg.model or store.info.get("model_name")
     if not name:

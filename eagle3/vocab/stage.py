@@ -124,7 +124,7 @@ def load_vocab(uri: str) -> tuple[np.ndarray, np.ndarray]:
 
     path, info_uri = storage.join(uri, "vocab.safetensors"), storage.join(uri, "vocab.json")
     if not storage.exists(path) or not storage.exists(info_uri):
-        raise InputError(f"no complete vocab map at {uri} (vocab.safetensors + vocab.json); build it with "
+        raise InputError(f"no vocab map at {uri} (vocab.safetensors + vocab.json); build it with "
                          f"`eagle3 vocab --merged MERGED --out {uri}`")
     info, data = storage.read_json(info_uri), storage.read_bytes(path)
     want = (info.get("checksums") or {}).get("vocab.safetensors")

@@ -32,9 +32,9 @@ def prompts(tmp_path):
 def _ckpt(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    lines = [{"step": 10, "split": "train", "loss": 3.0, "acc_0": 0.2, "sim_accept_len": 1.3},
-             {"step": 10, "event": "eval", "acc_0": 0.5, "acc_1": 0.4, "sim_accept_len": 1.7},
-             {"step": 20, "split": "train", "acc_0": 0.6, "sim_accept_len": 1.9}]
+    lines = [{"step": 10, "event": "train", "loss": 3.0, "acc_i": [0.2], "sim_accept_len": 1.3},
+             {"step": 10, "event": "eval", "acc_i": [0.5, 0.4], "sim_accept_len": 1.7},
+             {"step": 20, "event": "train", "acc_i": [0.6], "sim_accept_len": 1.9}]
     (ckpt / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     return str(ckpt)
 

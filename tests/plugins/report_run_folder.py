@@ -39,7 +39,7 @@ def write_run(root: Path, dag_id: str = DAG_ID, run_id: str = RUN_ID) -> Path:
     (run / "stats" / "stats_table.json").write_text(json.dumps({
         "datasets": [
             {"dataset": "arithmetic", "samples": 930, "tokens": 70_000, "loss_tokens": 20_000,
-             "sample_share": 0.93, "token_share": 0.68, "reused": True},
+             "sample_share": 0.93, "token_share": 0.68},
             {"dataset": "long_agent", "samples": 70, "tokens": 33_000, "loss_tokens": 9_000,
              "sample_share": 0.07, "token_share": 0.32, "flagged": True},
         ],
@@ -60,9 +60,13 @@ def write_run(root: Path, dag_id: str = DAG_ID, run_id: str = RUN_ID) -> Path:
         "shard-1-0.safetensors": {"sha256": "z", "samples": 300, "tokens": 30_000, "sample_ids": []},
     }))
     (run / "checkpoint" / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "loss_0": 3.0 - s / 100, "acc_0": 0.3 + s / 1000, "sim_accept_len": 1.8 + s / 500}) + "\n"
-        for s in (10, 20, 30)))
-    (run / "checkpoint" / "latest.json").write_text(json.dumps({"step": 30, "path": "step-30"}))
+        json.dumps({"event": "train", "step": s, "loss": 3.0 - s / 100, "loss_i": [3.0 - s / 100],
+                    "acc_i": [0.3 + s / 1000], "sim_accept_len": 1.8 + s / 500}) + "\n" for s in (10, 20, 30)))
+    step = run / "checkpoint" / "step-00000030"  # a complete step folder, as eagle3.checkpoint writes it
+    step.mkdir()
+    for name in ("model.safetensors", "optimizer.safetensors", "train_state.json", "config.json"):
+        (step / name).write_text("{}")
+    (run / "checkpoint" / "latest.json").write_text(json.dumps({"step": 30, "dir": "step-00000030"}))
     (run / "eval" / "report.json").write_text(json.dumps({
         "acceptance_length": 2.61, "lossless": True, "tokens_per_s_spec": 41.5, "tokens_per_s_base": 30.2,
         "speedup": 1.37, "steps": 3, "num_prompts": 20, "accept_rate_by_position": [0.8, 0.6, 0.45],
@@ -79,15 +83,18 @@ def write_run(root: Path, dag_id: str = DAG_ID, run_id: str = RUN_ID) -> Path:
     (run / "report" / "report.json").write_text(json.dumps({
         "run_id": run_id, "datasets": [{"dataset": "arithmetic", "samples": 930, "tokens": 70_000}],
         "acceptance_length": 2.61}))
-    # Exactly what operators/stages.py ReportOperator writes; store/ and prepared/ sit under the storage root.
+    # run_summary.json in eagle3.layout's schema, as the report stage writes it.
+    from eagle3.layout import RUN_SUMMARY_SCHEMA, RunLayout
+
     (run / "run_summary.json").write_text(json.dumps({
-        "dag_id": dag_id, "run_id": run_id, "report_dir": str(run / "report"),
-        "paths": {"prepared": str(root / "prepared"), "report": str(run / "report")},
-        "summaries": {"stats": {"datasets": 2}, "tokenize": [{"dataset": "arithmetic", "reused": True}],
-                      "extract": [{"samples_extracted": 495, "samples_skipped": 100, "tokens": 49_500},
-                                  {"samples_extracted": 300, "samples_skipped": 95, "tokens": 30_000}]},
+        "schema": RUN_SUMMARY_SCHEMA, "dag_id": dag_id, "run_id": run_id, "root": str(root),
+        "paths": RunLayout(str(root), dag_id, run_id).paths(),
+        "tasks": {"stats": {"datasets": 2}, "tokenize": [{"datasets": {"arithmetic": {"reused": True}}}],
+                  "extract": [{"samples_extracted": 495, "samples_skipped": 100, "tokens": 49_500},
+                              {"samples_extracted": 300, "samples_skipped": 95, "tokens": 30_000}]},
         "reused": {"tokenize": {"arithmetic": "reused", "long_agent": "tokenized"},
                    "extracted_samples": 795, "reused_samples": 195, "extracted_tokens": 79_500},
+        "report": {},
     }))
     return run
 
@@ -96,9 +103,9 @@ def write_real_report(run: Path, root: Path) -> list[str]:
     """Replace the hand-made report folder by the one eagle3.report writes for this run; its PNG names."""
     import shutil
 
-    from eagle3.report import write_run_report
+    from eagle3.report import ReportConfig, report
 
     shutil.rmtree(run / "report")
-    out = write_run_report(run_dir=str(run), prepared=str(root / "prepared"))
+    out = report(ReportConfig(str(root), run.parent.name, run.name))
     return sorted(out["plots"])
 

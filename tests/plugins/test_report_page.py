@@ -41,11 +41,13 @@ class TestLoadRun:
         assert (acc["tau"], acc["tokens_per_s_base"], acc["prompts"]) == (2.61, 30.2, 20)
         assert acc["previous"]["acceptance_length"] == 2.1 and acc["published"] is True
         assert acc["accept_rate_by_position"] == [0.8, 0.6, 0.45]
-        assert run["datasets"]["rows"][1]["reused"] is False  # from prepared/long_agent/stats.json
+        assert [r["reused"] for r in run["datasets"]["rows"]] == [True, False]  # run_summary.json's reused
         assert "dataset arithmetic: tokenization reused (fingerprint unchanged)" in run["reused"]
         assert "extraction: 195 samples already in the store, not extracted again" in run["reused"]
-        assert run["extraction"]["summary"] == {"tasks": 2, "samples_extracted": 795, "samples_skipped": 195,
-                                                "tokens": 79_500}
+        summary = run["extraction"]["summary"]
+        assert (summary["tasks"], summary["samples_extracted"], summary["samples_skipped"], summary["tokens"]) == \
+            (2, 795, 195, 79_500)
+        assert run["training"]["latest"] == "step-00000030"
         assert sorted(run["plots"]) == [("report", "acceptance_by_position.png"), ("report", "training_curves.png")]
         assert run["report_html"] is True
 
@@ -69,16 +71,14 @@ class TestLoadRun:
         assert loaded["verify"] == {"passed": True, "checks": []}
         assert loaded["datasets"] is None and loaded["training"] is None and loaded["acceptance"] is None
 
-    def test_prepared_stats_when_no_table(self, tmp_path):
+    def test_a_summary_of_another_schema_is_not_read(self, tmp_path):
         run = tmp_path / "runs" / DAG_ID / "r2"
-        prep = tmp_path / "prepared"
-        (prep / "chat").mkdir(parents=True)
-        (prep / "chat" / "stats.json").write_text(json.dumps({"dataset": "chat", "samples": 5, "reused": True}))
         run.mkdir(parents=True)
-        (run / "run_summary.json").write_text(json.dumps({"prepared": str(prep)}))
+        (run / "run_summary.json").write_text(json.dumps({"summaries": {"extract": [{"tokens": 5}]},
+                                                          "reused": {"reused_samples": 9}}))
         loaded = run_files.load_run(DAG_ID, "r2", root=str(tmp_path))
-        assert loaded["datasets"]["rows"][0]["samples"] == 5
-        assert loaded["reused"] == ["dataset chat: tokenization reused (fingerprint unchanged)"]
+        assert loaded["found"] and not loaded["has_summary"]
+        assert loaded["extraction"] is None and loaded["reused"] == []
 
     @pytest.mark.parametrize("bad", ["../etc", "a/b", "..", "x..y", ""])
     def test_refuses_ids_that_leave_the_runs_folder(self, bad, tmp_path):
@@ -94,10 +94,7 @@ class TestLoadRun:
         root = f"{s3_bucket}/artifacts"
         for path in sorted(p for p in local.rglob("*") if p.is_file()):
             storage.put_file(path, storage.join(root, str(path.relative_to(local))))
-        # run_summary.json names local paths; rewrite it with the S3 ones, as the DAG would write them.
-        summary = json.loads((run / "run_summary.json").read_text().replace(str(local), root))
         s3_run = storage.join(root, "runs", DAG_ID, RUN_ID)
-        storage.write_json(storage.join(s3_run, "run_summary.json"), summary)
         loaded = run_files.load_run(DAG_ID, RUN_ID, root=root)
         assert loaded["run_dir"] == s3_run
         assert loaded["verify"]["passed"] is False

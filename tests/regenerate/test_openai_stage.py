@@ -37,7 +37,7 @@ def test_replays_turn_by_turn_and_keeps_provenance(tmp_path, fake_server):
     # The second request of a conversation carried the first regenerated answer.
     second = [e for e in server.entries() if len(e["messages"]) == 4 and "1.1" in e["messages"][3]["content"]]
     assert second[0]["messages"][2]["content"].startswith("answer 0 to: question 1.0")
-    assert all(e["sampling"] == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 32, "seed": 0}
+    assert all(e["sampling"] == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 32, "seed": 42}
                for e in server.entries())
     # The derived manifest swaps the source of the regenerated dataset only.
     derived = yaml.safe_load(open(summary["manifest"]))["datasets"]
@@ -172,7 +172,8 @@ def test_changed_source_line_is_redone_and_stale_answer_dropped(tmp_path, fake_s
 
 
 def test_regenerated_source_is_where_the_stage_writes(tmp_path, fake_server):
-    from eagle3.regenerate.stage import regenerated_dir, regenerated_source
+    from eagle3.layout import regenerated as regenerated_dir
+    from eagle3.layout import regenerated_source
 
     server = fake_server()
     manifest = write_dataset(tmp_path, conversations(1, turns=1))

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 
 from eagle3 import storage
-from eagle3.report import training_curves, write_report, write_run_report
+from eagle3.layout import RUN_SUMMARY_SCHEMA, RunLayout
+from eagle3.report import ReportConfig, report, training_curves, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _run(tmp_path):
-    run, prep = tmp_path / "run", tmp_path / "prep"
+    """A run folder as the DAG lays it out (eagle3.layout), with the stage outputs the report reads."""
+    run, prep = tmp_path / "runs" / "dag" / "run1", tmp_path / "prepared"
     for name, samples, tokens in (("chat", 90, 20_000), ("code", 10, 30_000)):
         storage.write_json(str(prep / name / "stats.json"), {"dataset": name, "samples": samples, "tokens": tokens})
     lines = []
@@ -33,48 +35,60 @@ def _run(tmp_path):
 
 def test_full_report(tmp_path):
     run, prep = _run(tmp_path)
-    summary = write_run_report(run_dir=run, prepared=prep)
-    out = tmp_path / "run" / "report"
+    storage.write_json(f"{run}/summaries/tokenize.0.json", {"datasets": {"chat": {"reused": True}}})
+    storage.write_json(f"{run}/summaries/tokenize.1.json", {"datasets": {"code": {"reused": False}}})
+    storage.write_json(f"{run}/summaries/extract.0.json", {"samples_extracted": 3, "samples_skipped": 5, "tokens": 90})
+    storage.write_json(f"{run}/summaries/merge.json", {"samples": 100})
+    summary = report(ReportConfig(str(tmp_path), "dag", "run1"))
+    out = tmp_path / "runs" / "dag" / "run1" / "report"
     assert summary["plots"] == ["acceptance.png", "comparison.png", "datasets.png", "training.png"]
     for name in summary["plots"]:
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
-    report = json.loads((out / "report.json").read_text())
-    shares = {r["dataset"]: (r["sample_share"], r["token_share"]) for r in report["datasets"]}
+    written = json.loads((out / "report.json").read_text())
+    shares = {r["dataset"]: (r["sample_share"], r["token_share"]) for r in written["datasets"]}
     assert shares["code"] == (0.1, 0.6) and shares["chat"] == (0.9, 0.4)
-    assert report["comparison"]["previous_tau"] == 2.1 and report["comparison"]["sim_tau"] == 1.59
-    assert report["acceptance_length"] == 1.8 and report["lossless"] is True
-    assert "prompts" not in report["evaluate"]
-    assert report["missing"] == []
+    assert written["comparison"]["previous_tau"] == 2.1 and written["comparison"]["sim_tau"] == 1.59
+    assert written["acceptance_length"] == 1.8 and written["lossless"] is True
+    assert "prompts" not in written["evaluate"]
+    assert written["missing"] == []
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 4
     assert "does not beat the previous best 2.100" in page
+    run_summary = json.loads((tmp_path / "runs" / "dag" / "run1" / "run_summary.json").read_text())
+    assert run_summary["schema"] == RUN_SUMMARY_SCHEMA
+    assert run_summary["paths"] == RunLayout(str(tmp_path), "dag", "run1").paths()
+    assert run_summary["tasks"]["merge"] == {"samples": 100} and len(run_summary["tasks"]["tokenize"]) == 2
+    assert run_summary["reused"] == {"tokenize": {"chat": "reused", "code": "tokenized"}, "extracted_samples": 3,
+                                     "reused_samples": 5, "extracted_tokens": 90}
 
 
 def test_report_with_nothing_but_a_checkpoint(tmp_path):
     run, _ = _run(tmp_path)
-    report = write_report(str(tmp_path / "out"), checkpoint=run + "/checkpoint")
-    assert report["plots"] == ["training.png"]
-    assert len(report["missing"]) == 3 and report["acceptance_length"] is None
+    written = write_report(str(tmp_path / "out"), checkpoint=run + "/checkpoint")
+    assert written["plots"] == ["training.png"]
+    assert len(written["missing"]) == 3 and written["acceptance_length"] is None
     assert "No evaluation yet" in (tmp_path / "out" / "report.html").read_text()
 
 
 def test_report_of_an_empty_run_still_renders(tmp_path):
-    summary = write_run_report(run_dir=str(tmp_path / "empty"))
+    summary = report(ReportConfig(str(tmp_path), "dag", "empty"))
     assert summary["plots"] == [] and len(summary["missing"]) == 4
-    assert (tmp_path / "empty" / "report" / "report.html").exists()
+    assert (tmp_path / "runs" / "dag" / "empty" / "report" / "report.html").exists()
 
 
-def test_training_curves_read_flat_keys_too(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss_0": 2.0, "loss_1": 3.0, "acc_0": 0.1,
-                                                        "acc_1": 0.05, "tokens_0": 9.0}) + "\n")
+def test_training_curves_follow_the_metrics_schema(tmp_path):
+    lines = [{"event": "train", "step": 1, "loss_i": [2.0, 3.0], "acc_i": [0.1, 0.05]},
+             {"event": "eval", "step": 1, "loss_i": [2.5, 3.5], "acc_i": [0.2, 0.1], "sim_accept_len": 1.2},
+             {"step": 2, "loss_0": 9.0}]  # no event: not a line of the schema, left out
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     curves = training_curves(str(tmp_path))
-    assert curves["train"][0]["loss_i"] == [2.0, 3.0] and curves["train"][0]["acc_i"] == [0.1, 0.05]
+    assert [e["step"] for e in curves["train"]] == [1] and curves["eval"][0]["sim_accept_len"] == 1.2
 
 
 def test_report_on_s3(s3_bucket, tmp_path):
-    run, prep = _run(tmp_path)
-    for name in storage.list_files(run):
-        storage.put_file(f"{run}/{name}", f"{s3_bucket}/run/{name}")
-    summary = write_run_report(run_dir=f"{s3_bucket}/run", prepared=prep)
+    _run(tmp_path)
+    for name in storage.list_files(str(tmp_path)):
+        storage.put_file(f"{tmp_path}/{name}", f"{s3_bucket}/root/{name}")
+    summary = report(ReportConfig(f"{s3_bucket}/root", "dag", "run1"))
     assert "report.html" in storage.list_files(summary["out"])
     assert storage.read_bytes(f"{summary['out']}/training.png").startswith(PNG_MAGIC)

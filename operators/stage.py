@@ -1,0 +1,172 @@
+"""The one operator shape: build the stage's Config from the rendered fields, make one core call.
+
+    Eagle3StageOperator(task_id="merge", stage="merge", root="{{ params.storage_root }}",
+                        config={"prepared": ..., "max_seq_len": "{{ params.max_seq_len }}", ...})
+
+The DAG renders templates as native objects, so a Param keeps its type from the form to
+the Config (an int stays an int); the Config validates and refuses unknown keys before
+anything runs. Light stages run in the task process; stages that load the target or a GPU
+(eagle3.stages) run ``eagle3 <stage> --config CFG.json --result RESULT.json`` in a supervised
+child that ``on_kill`` stops. Either way the result comes back the same way: the stage's
+summary dict, kept in the run's ``summaries/<task_id>[.<map_index>].json`` (eagle3.layout,
+what the report reads) and pushed to XCom when small.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from operators.hooks import Eagle3StorageHook
+from operators.retry import EAGLE3_RETRY_POLICY
+from operators.supervised import SupervisedProcess, eagle3_cli
+
+XCOM_LIMIT = 16 * 1024  # larger results stay in the run folder; XCom gets their path (issue #64628)
+
+
+class Eagle3StageOperator(BaseOperator):
+    """Run one eagle3 stage.
+
+    :param stage: the stage's name (eagle3.stages): module ``eagle3.<stage>``, function ``<stage>(cfg)``.
+    :param config: the stage Config's fields (templated; rendered as native objects).
+    :param mapped: fields that differ per mapped task instance (``.expand(mapped=...)``); they override
+        ``config``.
+    :param root: the storage root (eagle3.layout); the result goes to the run's summaries folder there.
+    :param s3_conn_id: the aws-type connection for ``s3://`` paths (eagle3_s3; ignored when missing).
+    """
+
+    template_fields = ("config", "mapped", "root")
+    ui_color = "#e8f1ff"
+
+    def __init__(self, *, stage: str, config: dict[str, Any], root: str, mapped: dict[str, Any] | None = None,
+                 s3_conn_id: str | None = Eagle3StorageHook.default_conn_name, **kwargs: Any) -> None:
+        kwargs.setdefault("retry_policy", EAGLE3_RETRY_POLICY)
+        super().__init__(**kwargs)
+        from eagle3.stages import stage as lookup
+
+        self.stage = lookup(stage).name
+        self.config, self.mapped, self.root, self.s3_conn_id = config, mapped, root, s3_conn_id
+        self._proc: SupervisedProcess | None = None
+
+    @cached_property
+    def storage_hook(self) -> Eagle3StorageHook:
+        return Eagle3StorageHook(self.s3_conn_id)
+
+    # -- hooks for the few stages that need more ---------------------------------------------
+    def child_env(self, cfg) -> dict[str, str]:
+        """Environment added for a subprocess stage (connections' settings; never this process's env)."""
+        return self.storage_hook.child_env()
+
+    def child_args(self, cfg) -> list[str]:
+        """CLI flags that are not Config fields (e.g. train's --nproc)."""
+        return []
+
+    def after(self, result: dict, context) -> dict:
+        """Look at the result before it is kept (e.g. skip the task); returns what is kept."""
+        return result
+
+    # -- the one shape -------------------------------------------------------------------------
+    def build_config(self):
+        from eagle3.config import from_dict
+        from eagle3.stages import stage
+
+        return from_dict(stage(self.stage).config_class(), {**(self.config or {}), **(self.mapped or {})},
+                         where=f"{self.task_id}.config")
+
+    def execute(self, context) -> Any:
+        from eagle3 import storage
+        from eagle3.stages import stage
+
+        cfg = self.build_config()
+        storage.configure_s3(self.storage_hook.settings)
+        if stage(self.stage).subprocess:
+            result = self._run_child(cfg)
+        else:
+            result = stage(self.stage).function()(cfg)
+        result = self.after(result, context)
+        return self._keep(result, context)
+
+    def _run_child(self, cfg) -> dict:
+        from eagle3 import storage
+        from eagle3.config import to_dict
+
+        with tempfile.TemporaryDirectory(prefix=f"eagle3-{self.stage}-") as tmp:
+            config_path, result_path = os.path.join(tmp, "config.json"), os.path.join(tmp, "result.json")
+            with open(config_path, "w") as f:
+                json.dump(to_dict(cfg), f)
+            argv = eagle3_cli(self.stage, "--config", config_path, "--result", result_path, *self.child_args(cfg))
+            self._proc = SupervisedProcess(argv, env=self.child_env(cfg), log=self.log)
+            self._proc.run()
+            return storage.read_json(result_path)
+
+    def _keep(self, result: dict, context) -> Any:
+        from eagle3 import storage
+        from eagle3.layout import RunLayout
+
+        ti = context["ti"]
+        layout = RunLayout(self.root, context["dag"].dag_id, context["run_id"])
+        uri = layout.task_result(self.task_id, getattr(ti, "map_index", -1))
+        storage.write_json(uri, result)
+        text = json.dumps(result, default=str)
+        return json.loads(text) if len(text) <= XCOM_LIMIT else {"result_file": uri, "bytes": len(text)}
+
+    def on_kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+
+
+class RegenerateOperator(Eagle3StageOperator):
+    """Regenerate one dataset. With backend ``openai`` the endpoint and key come from the connection
+    ``openai_conn_id`` (host = base URL, password = key), passed to the child's environment only.
+
+    :param openai_conn_id: the endpoint's connection (used when the rendered backend is ``openai``).
+    """
+
+    def __init__(self, *, openai_conn_id: str = "eagle3_openai", **kwargs: Any) -> None:
+        kwargs.setdefault("stage", "regenerate")
+        super().__init__(**kwargs)
+        self.openai_conn_id = openai_conn_id
+
+    def child_env(self, cfg) -> dict[str, str]:
+        env = super().child_env(cfg)
+        if cfg.backend == "openai" and not cfg.base_url:
+            from operators.hooks import OpenAIEndpointHook
+
+            env.update(OpenAIEndpointHook(self.openai_conn_id).child_env())
+        return env
+
+
+class TrainOperator(Eagle3StageOperator):
+    """Train under torchrun with ``nproc`` processes (pool ``gpu`` with pool_slots = nproc)."""
+
+    def __init__(self, *, nproc: int = 1, **kwargs: Any) -> None:
+        kwargs.setdefault("stage", "train")
+        super().__init__(**kwargs)
+        self.nproc = nproc
+
+    def child_args(self, cfg) -> list[str]:
+        # `eagle3 train --nproc` runs torchrun itself and keeps the exit codes (75 OOM, 2 bad input).
+        return ["--nproc", str(self.nproc)] if self.nproc > 1 else []
+
+
+class PublishOperator(Eagle3StageOperator):
+    """Publish the draft, and emit the outlets' Asset events, only if it beats the best so far."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("stage", "publish")
+        super().__init__(**kwargs)
+
+    def after(self, result: dict, context) -> dict:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        if not result.get("published"):
+            self._keep(result, context)  # the report shows why
+            raise AirflowSkipException(f"not published: {result.get('reason')}")  # also suppresses the Asset event
+        for outlet in self.outlets:
+            context["outlet_events"][outlet].extra = {k: result.get(k) for k in ("location", "acceptance_length")}
+        return result
