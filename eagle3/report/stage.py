@@ -248,12 +248,12 @@ def _task_results(layout: RunLayout) -> dict[str, Any]:
         if "/" in name or not name.endswith(".json"):
             continue
         stem = name[: -len(".json")]
-        task, _, index = stem.partition(".")
+        task, _, index = stem.rpartition(".")  # task ids may hold dots (task groups): the map index is last
         value = _json(storage.join(layout.summaries, name))
-        if index.isdigit():
+        if task and index.isdigit():
             mapped.setdefault(task, []).append((int(index), value))
         else:
-            results[task] = value
+            results[stem] = value
     for task, items in mapped.items():
         results[task] = [v for _, v in sorted(items, key=lambda iv: iv[0])]
     return results

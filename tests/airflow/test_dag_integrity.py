@@ -47,8 +47,8 @@ def test_stage_order_pools_and_queues(dag):
         assert dag.task_dict[tid].pool == "gpu" and dag.task_dict[tid].queue == "gpu", tid
     for tid in ("tokenize", "merge", "verify", "vocab"):
         assert dag.task_dict[tid].queue == "default" and dag.task_dict[tid].pool == "default_pool", tid
-    assert dag.task_dict["tokenize"].map_index_template == "{{ task.dataset_name }}"
-    assert dag.task_dict["extract"].map_index_template == "{{ task.shard }}"
+    assert dag.task_dict["tokenize"].map_index_template == "{{ task.mapped.dataset }}"
+    assert dag.task_dict["extract"].map_index_template == "{{ task.mapped.shard }}"
     assert [o.uri for o in dag.task_dict["publish"].outlets] == ["eagle3://draft_model/"]
 
 
@@ -112,9 +112,50 @@ def test_schedule_has_one_asset_per_dataset_of_the_manifest(tmp_path):
     assert f"file://{tmp_path}/alpha.jsonl" in line and f"file://{tmp_path}/beta.jsonl" in line, line
 
 
-def test_extraction_speed_param_reaches_stats_and_verify(dag):
-    assert dag.params["extract_tokens_per_s"] == 20000
-    for task_id in ("stats", "verify"):
-        task = dag.get_task(task_id)
-        rendered = task.render_template(task.tokens_per_s, {"params": {"extract_tokens_per_s": 750}})
-        assert float(rendered) == 750, task_id
+def test_every_task_is_the_eagle3_stage_of_its_name(dag):
+    """One DAG task = eagle3/<task> exposing <task>(cfg): the stage operators by their `stage`, the task
+    group `discover` by its group name (its selectors only split the plan into the lists tasks map over)."""
+    import importlib
+
+    from eagle3.stages import STAGES
+
+    for task_id, task in dag.task_dict.items():
+        name = task_id.split(".")[0]
+        assert name in STAGES, task_id
+        module = importlib.import_module(f"eagle3.{name}")
+        assert callable(getattr(module, name)) and hasattr(module, STAGES[name].config), task_id
+        if hasattr(task, "stage"):
+            assert task.stage == name or task_id.startswith(task.stage + "."), (task_id, task.stage)
+    assert set(STAGES) == {t.split(".")[0] for t in dag.task_dict}
+
+
+def test_params_take_their_defaults_from_the_stage_configs(dag):
+    from eagle3.config import default
+    from eagle3.extract import ExtractConfig
+    from eagle3.merge import MergeConfig
+    from eagle3.train import TrainConfig
+    from eagle3.vocab import VocabConfig
+
+    for param, (cls, field) in {"lr": (TrainConfig, "lr"), "train_token_budget": (TrainConfig, "token_budget"),
+                                "extract_token_budget": (ExtractConfig, "token_budget"),
+                                "max_seq_len": (MergeConfig, "max_seq_len"), "epochs": (TrainConfig, "epochs"),
+                                "draft_vocab_size": (VocabConfig, "draft_vocab_size")}.items():
+        assert dag.params[param] == default(cls, field), param
+    assert dag.params["seed"] == default(TrainConfig, "seed") == default(MergeConfig, "seed")
+
+
+def test_params_reach_the_config_with_their_type(dag):
+    """render_template_as_native_obj: an int Param renders as an int, a list as a list, None as None."""
+    params = {**{k: dag.params[k] for k in dag.params}, "extract_tokens_per_s": 750, "seed": 7,
+              "drop": ["long_reports"], "aux_layers": None, "storage_root": "/r", "model": "m"}
+    ctx = {"params": params, "run_id": "r1"}
+    verify = dag.get_task("verify")
+    cfg = verify.render_template(verify.config, ctx, jinja_env=dag.get_template_env())
+    assert cfg["tokens_per_s"] == 750 and isinstance(cfg["tokens_per_s"], int)
+    merge = dag.get_task("merge")
+    cfg = merge.render_template(merge.config, ctx, jinja_env=dag.get_template_env())
+    assert cfg["seed"] == 7 and cfg["drop"] == ["long_reports"] and cfg["out"] == "/r/runs/eagle3_train/r1/merged"
+    from eagle3.config import from_dict
+    from eagle3.merge import MergeConfig
+
+    assert from_dict(MergeConfig, cfg).drop == ("long_reports",)

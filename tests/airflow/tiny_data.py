@@ -40,8 +40,11 @@ def tiny_conf(manifest: Path, model: str, storage_root: str, **overrides) -> dic
     conf = {
         "model": model, "manifest": str(manifest), "storage_root": storage_root,
         "max_seq_len": 256, "draft_vocab_size": 512, "ttt_length": 2, "max_steps": 4, "epochs": 1,
-        "token_budget": 512, "extract_shards": 2, "benchmark_prompts": "humaneval", "benchmark_limit": 2,
+        "extract_token_budget": 512, "train_token_budget": 512, "extract_shards": 2, "benchmark_prompts": "humaneval", "benchmark_limit": 2,
         "max_new_tokens": 12, "steps": 2,
     }
+    budget = overrides.pop("token_budget", None)
+    if budget is not None:
+        conf.update(extract_token_budget=budget, train_token_budget=budget)
     conf.update(overrides)
     return conf
