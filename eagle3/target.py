@@ -125,6 +125,31 @@ def model_fingerprint(model_dir: str) -> str:
     return fp
 
 
+def config_vocab_size(config: dict, where: str = "config.json") -> int:
+    """V, the target's vocabulary size: the rows of its lm_head, as config.json records them.
+
+    This is not ``len(tokenizer)``: vocabularies are padded (Qwen2.5: 151,936 rows for
+    151,665 tokens) and SGLang and vLLM index d2t/t2d over the lm_head rows. Multimodal
+    configs keep it in ``text_config``.
+    """
+    for section in (config, config.get("text_config") or {}):
+        size = section.get("vocab_size")
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            return size
+    raise InputError(f"{where} has no positive integer vocab_size (nor text_config.vocab_size); "
+                     "it must give the target's lm_head rows")
+
+
+def vocab_size(model_dir: str) -> int:
+    """V of a model directory (local or s3): ``config_vocab_size`` of its config.json.
+
+    Every stage takes V from here (tokenize, vocab map, extract, train, export, evaluate)."""
+    where = storage.join(model_dir, "config.json")
+    if not storage.exists(where):
+        raise InputError(f"{where} not found; the target's vocab size V is read from its config.json")
+    return config_vocab_size(storage.read_json(where), where)
+
+
 def default_aux_layers(num_layers: int) -> list[int]:
     """EAGLE-3's default aux layers: the outputs of layers [1, L/2-1, L-4]."""
     return [1, num_layers // 2 - 1, num_layers - 4]

@@ -79,7 +79,7 @@ def load_vocab(uri: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 def load_inputs(cfg: TrainConfig) -> TrainInputs:
     from eagle3.extract.store import HiddenStateStore
-    from eagle3.target import model_fingerprint, resolve_model
+    from eagle3.target import config_vocab_size, model_fingerprint, resolve_model
 
     store = HiddenStateStore(cfg.store)
     d2t, t2d = load_vocab(cfg.vocab)
@@ -88,7 +88,7 @@ def load_inputs(cfg: TrainConfig) -> TrainInputs:
         raise InputError(f"{store.uri}/store.json names no model_name; pass --target")
     target_dir = resolve_model(name)
     target_cfg = storage.read_json(storage.join(target_dir, "config.json"))
-    vocab_size = int(target_cfg.get("vocab_size", -1))
+    vocab_size = config_vocab_size(target_cfg, storage.join(target_dir, "config.json"))
     if t2d.shape[0] != vocab_size:
         raise InputError(f"vocab map t2d has {t2d.shape[0]} entries but the target {name} has vocab_size "
                          f"{vocab_size}; rebuild the map for this target with `eagle3 vocab`", file=cfg.vocab)
