@@ -145,6 +145,10 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
     step_dir = resolve_step(cfg.checkpoint, cfg.step)
     draft_cfg, state = read_checkpoint(step_dir)
     tensors = export_tensors(state, cfg.dtype, storage.join(step_dir, "model.safetensors"))
+    if tensors["t2d"].shape[0] != draft_cfg.vocab_size or tensors["d2t"].shape[0] != draft_cfg.draft_vocab_size:
+        raise InputError(f"{step_dir}: t2d has {tensors['t2d'].shape[0]} entries and d2t {tensors['d2t'].shape[0]}, "
+                         f"but the draft config says vocab_size {draft_cfg.vocab_size} (the target's lm_head rows, "
+                         f"which SGLang and vLLM index t2d over) and draft_vocab_size {draft_cfg.draft_vocab_size}")
     blob = save(tensors, metadata={"format": "pt", "source": step_dir})
     config = sglang_config(draft_cfg, cfg.dtype)
     # Weights first, config last: a DRAFT with a config.json is complete.

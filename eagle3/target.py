@@ -112,12 +112,6 @@ def config_int(config: dict, key: str, model: str) -> int:
     return value
 
 
-def vocab_size(config: dict, model: str = "target") -> int:
-    """V: the lm_head's row count (config.json ``vocab_size``), which may exceed ``len(tokenizer)``
-    (Qwen: 151,936 rows for 151,665 tokens). d2t/t2d and every id check use this."""
-    return config_int(config, "vocab_size", model)
-
-
 def fingerprint_files(paths: list[Path], extra: str = "") -> str:
     """sha256 over file names and contents, in the given order."""
     h = hashlib.sha256(extra.encode())
@@ -152,6 +146,28 @@ def model_fingerprint(model_dir: str) -> str:
     except OSError:
         pass  # read-only model directory: recompute next time
     return fp
+
+
+def config_vocab_size(config: dict, where: str = "config.json") -> int:
+    """V, the target's vocabulary size: the rows of its lm_head, as config.json records them.
+
+    This is not ``len(tokenizer)``: vocabularies are padded (Qwen2.5: 151,936 rows for
+    151,665 tokens) and SGLang and vLLM index d2t/t2d over the lm_head rows. Multimodal
+    configs keep it in ``text_config``.
+    """
+    for section in (config, config.get("text_config") or {}):
+        size = section.get("vocab_size")
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            return size
+    raise InputError(f"{where} has no positive integer vocab_size (nor text_config.vocab_size); "
+                     "it must give the target's lm_head rows")
+
+
+def vocab_size(model: str) -> int:
+    """V of a target (directory, alias or s3 prefix): ``config_vocab_size`` of its config.json.
+
+    Every stage takes V from here (tokenize, vocab map, extract, train, export, evaluate)."""
+    return config_vocab_size(read_config(model), f"{model}/config.json")
 
 
 def default_aux_layers(num_layers: int) -> list[int]:

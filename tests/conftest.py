@@ -46,6 +46,25 @@ def tiny_llama_dir(tmp_path_factory, smollm2_dir) -> str:
     return str(out)
 
 
+@pytest.fixture(scope="session")
+def padded_tiny_llama_dir(tmp_path_factory, tiny_llama_dir) -> str:
+    """The tiny Llama with its lm_head and embedding padded past the tokenizer: config.json
+    vocab_size = len(tokenizer) + 64, as Qwen pads 151,665 tokens to 151,936 rows."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-llama-padded")
+    n = len(AutoTokenizer.from_pretrained(tiny_llama_dir))
+    cfg = LlamaConfig.from_pretrained(tiny_llama_dir)
+    cfg.vocab_size = n + 64
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
+    for name in os.listdir(tiny_llama_dir):
+        if name.startswith("tokenizer") or name in ("chat_template.jinja", "special_tokens_map.json"):
+            shutil.copy(Path(tiny_llama_dir, name), out / name)
+    return str(out)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

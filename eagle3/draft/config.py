@@ -83,7 +83,7 @@ class DraftConfig:
 
         ``aux_layer_ids`` defaults to EAGLE-3's [1, L/2-1, L-4] (layer outputs).
         """
-        from eagle3.target import default_aux_layers
+        from eagle3.target import config_vocab_size, default_aux_layers
 
         def need(key: str) -> Any:
             if key not in target:
@@ -105,7 +105,7 @@ class DraftConfig:
             rope_theta=theta,
             rope_scaling=dict(scaling) if scaling else None,
             max_position_embeddings=int(target.get("max_position_embeddings", 4096)),
-            vocab_size=int(need("vocab_size")),
+            vocab_size=config_vocab_size(target, "target config.json"),
             draft_vocab_size=int(draft_vocab_size),
             aux_layer_ids=tuple(aux_layer_ids or default_aux_layers(int(need("num_hidden_layers")))),
             hidden_act=str(target.get("hidden_act", "silu")),

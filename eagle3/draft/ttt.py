@@ -49,13 +49,17 @@ def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torc
     flat = last.reshape(-1, last.shape[-1])
     w = lm_head_weight.float()
     logits_d, in_draft = [], []
-    for rows in flat.split(chunk):
-        x = rows.float()
-        if norm_weight is not None:
-            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
-        full = x @ w.T
-        logits_d.append(full[:, draft_ids])
-        in_draft.append(t2d[full.argmax(-1)])
+    # The soft labels are computed in fp32 even when the caller runs under bf16 autocast
+    # (the training step does on CUDA): autocast would run `x @ w.T` in bf16 whatever the
+    # inputs' dtype, rounding the target's logits to 8 bits of mantissa and flipping argmaxes.
+    with torch.autocast(device_type=flat.device.type, enabled=False):
+        for rows in flat.split(chunk):
+            x = rows.float()
+            if norm_weight is not None:
+                x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
+            full = x @ w.T
+            logits_d.append(full[:, draft_ids])
+            in_draft.append(t2d[full.argmax(-1)])
     shape = last.shape[:-1]
     return (torch.cat(logits_d).reshape(*shape, -1) if logits_d else last.new_zeros(*shape, d2t.shape[0]),
             torch.cat(in_draft).reshape(shape) if in_draft else torch.zeros(shape, dtype=torch.bool))

@@ -56,9 +56,10 @@ def _load(cfg: EvaluateConfig, device: str):
     aux_ids = draft_aux_layers(draft_cfg, draft_cfg_path)
     tokenizer = target_mod.load_tokenizer(target_dir)
     model = target_mod.load_model(target_dir, device=device)
-    if int(draft_cfg.get("vocab_size", -1)) != int(model.config.vocab_size):
+    vocab_size = target_mod.vocab_size(target_dir)
+    if int(draft_cfg.get("vocab_size", -1)) != vocab_size:
         raise InputError(f"{draft_cfg_path}: vocab_size={draft_cfg.get('vocab_size')} but the target "
-                         f"{cfg.model!r} has {model.config.vocab_size}; was the draft trained for another target?")
+                         f"{cfg.model!r} has {vocab_size}; was the draft trained for another target?")
     draft = load_exported_draft(draft_dir, load_target_embedding(target_dir)).to(device)
     return tokenizer, model, TargetRunner(model, aux_ids), Eagle3DraftStepper(draft), aux_ids
 

@@ -25,7 +25,7 @@ import torch
 from eagle3.errors import InputError
 from eagle3.oom import maybe_inject
 from eagle3.extract import lean_llama
-from eagle3.target import default_aux_layers, load_model
+from eagle3.target import default_aux_layers, load_model, resolve_model, vocab_size
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,11 @@ class TargetCapture:
         cfg = self.model.config
         self.num_layers = cfg.num_hidden_layers
         self.hidden_size = cfg.hidden_size
-        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = vocab_size(resolve_model(model))
+        rows = self.model.get_output_embeddings().weight.shape[0]
+        if rows != self.vocab_size:
+            raise InputError(f"model {model!r}: its lm_head has {rows} rows but config.json vocab_size is "
+                             f"{self.vocab_size}; V must be the lm_head rows (fix config.json)")
         self.layers = list(layers) if layers else default_aux_layers(self.num_layers)
         bad = [i for i in self.layers if not 0 <= i < self.num_layers - 1]
         if bad or len(self.layers) != 3:

@@ -94,7 +94,8 @@ def target_logprobs(sample: dict, lm_head_weight: torch.Tensor) -> torch.Tensor:
     """
     w = lm_head_weight
     if "last" in sample:
-        return torch.log_softmax(sample["last"].to(w.device).float() @ w.float().T, dim=-1)
+        with torch.autocast(device_type=w.device.type, enabled=False):  # fp32 even inside a bf16 autocast region
+            return torch.log_softmax(sample["last"].to(w.device).float() @ w.float().T, dim=-1)
     ids = sample["topk_ids"].to(w.device).long()
     lp = sample["topk_logprobs"].to(w.device).float()
     lp = lp - torch.logsumexp(lp, dim=-1, keepdim=True)

@@ -241,7 +241,11 @@ def run(cfg: MergeConfig) -> dict:
     if len(fps) > 1:
         raise InputError(f"datasets under {cfg.prepared!r} were tokenized with different tokenizers {sorted(fps)}; "
                          "tokenize them again with one tokenizer")
-    vocab_size = cfg.vocab_size or next((s["vocab_size"] for s in stats.values() if s.get("vocab_size")), None)
+    sizes = {int(s["vocab_size"]) for n, s in stats.items() if n in sources and s.get("vocab_size")}
+    if len(sizes) > 1:  # V is the target's lm_head rows (eagle3.target.vocab_size): one target per merge
+        raise InputError(f"datasets under {cfg.prepared!r} were tokenized for targets of different vocab sizes "
+                         f"{sorted(sizes)}; tokenize them again for one target")
+    vocab_size = cfg.vocab_size or next(iter(sizes), None)
     rows = {n: pq.ParquetFile(storage.local_path(u)).metadata.num_rows for n, u in sources.items()}
     progress = Progress("merge", sum(rows.values()), sum(int(stats[n].get("tokens", 0)) for n in sources) or 1)
     tallies = {n: _Tally(n, u) for n, u in sources.items()}

@@ -86,6 +86,19 @@ def _end_of_turn(tail: str, specials: list[str]) -> str:
     return tail.rstrip() or tail
 
 
+def _assistant_header(prompt: str, before_answer: str) -> str:
+    """The longest head of the generation prompt that the template writes between a user turn and the answer.
+
+    Usually the whole prompt (``<|im_start|>assistant\\n``). Some prompts pre-fill the start of
+    the answer (Qwen3.5: ``<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n``) that an
+    earlier turn does not show: the header is then the role part, and the think block,
+    where a turn has one, is inside the assistant span (the model writes it)."""
+    for k in range(len(prompt), 0, -1):
+        if prompt[:k] in before_answer:
+            return prompt[:k]
+    return ""
+
+
 def probe_template(render: Callable[..., str], specials: list[str]) -> TemplateInfo:
     """Learn header, end-of-turn and feature support of ``render(messages, tools, add_generation_prompt)``."""
     u1, a1, u2, a2 = f"{_S}userone", f"{_S}answerone", f"{_S}usertwo", f"{_S}answertwo"
@@ -98,23 +111,30 @@ def probe_template(render: Callable[..., str], specials: list[str]) -> TemplateI
     if not with_prompt.startswith(base) or len(with_prompt) == len(base):
         raise InputError("the chat template has no generation prompt (add_generation_prompt=True adds nothing), "
                          "so the assistant header cannot be found; use a template that supports it")
-    header = with_prompt[len(base):]
     for sentinel in (u1, a1, u2, a2):
         if sentinel not in full:
             raise InputError(f"the chat template drops message content ({sentinel!r} not rendered)")
-    h = full.find(header, full.index(u1) + len(u1))
-    if h < 0 or h > full.index(a1):
-        raise InputError(f"the generation prompt {header!r} does not appear before the assistant's message "
-                         f"in the rendered conversation {full!r}")
+    header = _assistant_header(with_prompt[len(base):], full[full.index(u1) + len(u1):full.index(a1)])
+    second = full.find(header, full.index(u2) + len(u2)) if header.strip() else -1
+    if second < 0 or second > full.index(a2):
+        raise InputError(f"the generation prompt {with_prompt[len(base):]!r} does not appear before the "
+                         f"assistant's messages in the rendered conversation {full!r}")
     eot = _end_of_turn(full[full.index(a2) + len(a2):], specials)
     if not full[full.index(a1) + len(a1):].startswith(eot):
         raise InputError(f"end-of-turn {eot!r} after the last assistant turn differs from the one after earlier turns")
 
-    def renders(messages, tools, needle) -> bool:
+    def renders(messages, tools, needle, then_header_before=None) -> bool:
+        """``needle`` is rendered (and, if given, ``header`` comes between it and ``then_header_before``)."""
         try:
-            return needle in render(messages, tools, False)
+            text = render(messages, tools, False)
         except Exception:  # noqa: BLE001 - a template that refuses the feature does not render it
             return False
+        if needle not in text:
+            return False
+        if then_header_before is None:
+            return True
+        at = text.find(header, text.index(needle) + len(needle))
+        return 0 <= at < text.find(then_header_before)
 
     call = {"type": "function", "function": {"name": f"{_S}fn", "arguments": {f"{_S}arg": 1}}}
     tool = {"type": "function", "function": {"name": f"{_S}fn", "description": f"{_S}tooldesc",
@@ -126,9 +146,11 @@ def probe_template(render: Callable[..., str], specials: list[str]) -> TemplateI
         renders_tools=renders([_user(u1), _assistant(a1)], [tool], f"{_S}tooldesc"),
         renders_tool_calls=renders([_user(u1), _assistant("", tool_calls=[call])], None, f"{_S}arg"),
         renders_reasoning=renders([_user(u1), _assistant(a1, reasoning_content=f"{_S}think")], None, f"{_S}think"),
+        # Native tool turns count only if the answer after them gets the usual header
+        # (DeepSeek-R1 writes it as `<｜tool▁outputs▁end｜>answer`); else they become user turns.
         renders_tool_role=renders([_user(u1), _assistant("", tool_calls=[call]),
                                    {"role": "tool", "content": f"{_S}result", "tool_call_id": "c0"},
-                                   _assistant(a2)], None, f"{_S}result"),
+                                   _assistant(a2)], None, f"{_S}result", a2),
     )
 
 
@@ -312,7 +334,16 @@ class ChatMasker:
             text = self._render(messages, tools, False)
         except Exception as e:  # noqa: BLE001 - jinja raise_exception and friends
             raise TemplateError(f"chat template error: {e}") from None
-        return text, assistant_spans(text, messages, self.info)
+        spans = assistant_spans(text, messages, self.info)
+        last = conv.messages[-1] if conv.messages else {}
+        reasoning = last.get("reasoning_content", "").strip() if last.get("role") == "assistant" else ""
+        if reasoning and spans and reasoning not in text[spans[-1][0]:spans[-1][1]]:
+            # Earlier turns' reasoning may be dropped (Qwen3 does), the final answer's may not:
+            # the model writes it, so the draft must learn it.
+            raise TemplateError("the chat template drops the reasoning of the final assistant turn (DeepSeek-R1 "
+                                "templates strip <think> blocks from every turn), so it would not be learned; "
+                                "use a template that renders reasoning_content, or drop the reasoning")
+        return text, spans
 
     def encode(self, texts: list[str], spans: list[list[tuple[int, int]]]) -> Batch:
         encodings = self.backend.encode_batch(texts, add_special_tokens=False)

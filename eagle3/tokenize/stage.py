@@ -91,14 +91,17 @@ def _load_tokenizer(tok_dir: str):
 
 
 def _vocab_size(tok_dir: str, pre_tokenized: bool) -> int:
-    """Bound for token ids. Pre-tokenized data is checked against the model's embedding rows
-    (config.json), which needs no tokenizer, so ingesting seed-format JSONL never imports transformers."""
-    config = Path(tok_dir) / "config.json"
-    if pre_tokenized and config.is_file():
-        size = json.loads(config.read_text()).get("vocab_size")
-        if isinstance(size, int) and size > 0:
-            return size
-    return len(_load_tokenizer(tok_dir))
+    """V, the bound for token ids: the target's lm_head rows (``target.vocab_size``), never
+    ``len(tokenizer)``. For chat data the tokenizer must fit in it (ids it emits index lm_head
+    rows); pre-tokenized data needs no tokenizer, so ingesting seed-format JSONL never imports
+    transformers."""
+    size = target.vocab_size(tok_dir)
+    if not pre_tokenized:
+        n = len(_load_tokenizer(tok_dir))
+        if n > size:
+            raise InputError(f"the tokenizer of {tok_dir} has {n} tokens but config.json vocab_size (the lm_head "
+                             f"rows) is {size}: ids >= {size} would have no row; use the target's own tokenizer")
+    return size
 
 
 @functools.lru_cache(maxsize=4)

@@ -86,8 +86,7 @@ def _store_key(cfg: TrainConfig) -> str | None:
 
 def load_inputs(cfg: TrainConfig) -> TrainInputs:
     from eagle3.extract.store import HiddenStateStore
-    from eagle3.target import model_fingerprint, read_config, resolve_model
-    from eagle3.target import vocab_size as target_vocab_size
+    from eagle3.target import config_vocab_size, model_fingerprint, read_config, resolve_model
 
     store = HiddenStateStore(cfg.store, _store_key(cfg))
     d2t, t2d = load_vocab(cfg.vocab)
@@ -96,7 +95,7 @@ def load_inputs(cfg: TrainConfig) -> TrainInputs:
         raise InputError(f"{store.uri}/store.json names no model_name; pass --model")
     target_dir = resolve_model(name)
     target_cfg = read_config(target_dir)
-    vocab_size = target_vocab_size(target_cfg, name)
+    vocab_size = config_vocab_size(target_cfg, f"{target_dir}/config.json")
     if t2d.shape[0] != vocab_size:
         raise InputError(f"vocab map t2d has {t2d.shape[0]} entries but the target {name} has vocab_size "
                          f"{vocab_size}; rebuild the map for this target with `eagle3 vocab`", file=cfg.vocab)

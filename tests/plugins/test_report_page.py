@@ -90,7 +90,7 @@ class TestLoadRun:
         from eagle3 import storage
 
         local = tmp_path / "a"
-        run = write_run(local)
+        write_run(local)
         root = f"{s3_bucket}/artifacts"
         for path in sorted(p for p in local.rglob("*") if p.is_file()):
             storage.put_file(path, storage.join(root, str(path.relative_to(local))))

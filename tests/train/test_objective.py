@@ -74,3 +74,30 @@ def test_topk_targets_map_target_ids_into_the_draft_vocab():
     assert logits[0, 0, 1] == -0.1 and logits[0, 0, 0] == -3.0 and logits[0, 0, 2] < -1e8
     assert logits[0, 1, 2] == -1.0
     assert in_draft.tolist() == [[True, False]]  # row 2's top-1 (id 9) is outside the draft vocab
+
+
+def test_soft_labels_are_fp32_under_bf16_autocast():
+    """The training step runs under bf16 autocast (on CUDA); the target's logits, hence the
+    soft labels and the in-draft mask, must still be the fp32 ones. CPU autocast casts
+    matmul to bf16 just as CUDA's does, so it shows the difference here."""
+    from eagle3.extract.codec import target_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    v, vd, h = 64, 16, 32
+    last = torch.randn(2, 8, h, generator=g).to(torch.bfloat16)  # the bf16 store's `last`
+    head = torch.randn(v, h, generator=g)
+    chosen = torch.randperm(v, generator=g)[:vd].sort().values
+    d2t, t2d = chosen - torch.arange(vd), torch.zeros(v, dtype=torch.bool)
+    t2d[chosen] = True
+    batch = {"last": last}
+    ref_logits, ref_in = objective.targets(batch, head, d2t, t2d)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert (last[0].float() @ head.T).dtype == torch.bfloat16  # autocast is really on for matmul
+        logits, in_draft = objective.targets(batch, head, d2t, t2d)
+        logp = target_logprobs({"last": last[0]}, head)
+    assert logits.dtype == torch.float32
+    assert torch.equal(logits, ref_logits)
+    assert torch.equal(logits.softmax(-1), ref_logits.softmax(-1))  # the soft labels themselves
+    assert torch.equal(in_draft, ref_in)
+    assert logp.dtype == torch.float32
+    assert torch.equal(logp, target_logprobs({"last": last[0]}, head))
