@@ -19,7 +19,7 @@ from eagle3.evaluate.config import BACKENDS
 
 def _evaluate_and_say(cfg: EvaluateConfig) -> dict:
     summary = evaluate(cfg)
-    print(f"tau {summary['acceptance_length']:.3f} (k={cfg.steps}), speedup x{summary['speedup']:.2f} "
+    print(f"{cfg.backend}: tau {summary['acceptance_length']:.3f} (k={cfg.steps}), speedup x{summary['speedup']:.2f} "
           f"({summary['tokens_per_s_spec']:.1f} vs {summary['tokens_per_s_base']:.1f} tok/s), "
           f"lossless={summary['lossless']}")
     return summary

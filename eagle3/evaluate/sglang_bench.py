@@ -37,7 +37,7 @@ import urllib.request
 from typing import Any
 
 from eagle3 import storage
-from eagle3.errors import Eagle3Error, InputError
+from eagle3.errors import Eagle3Error, GateFailed, InputError
 from eagle3.sglang_server import free_port
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def parse_generate(resp: Any, speculative: bool, url: str) -> dict:
     if not isinstance(meta, dict) or not isinstance(meta.get("completion_tokens"), int):
         raise SGLangResponseError(f"{url}: response has no meta_info.completion_tokens: {str(resp)[:300]}")
     out = {"completion_tokens": meta["completion_tokens"], "prompt_tokens": meta.get("prompt_tokens"),
-           "e2e_latency": meta.get("e2e_latency"), "text": resp.get("text"),
+           "e2e_latency": meta.get("e2e_latency"), "text": resp.get("text"), "output_ids": resp.get("output_ids"),
            "finish_reason": (meta.get("finish_reason") or {}).get("type")
            if isinstance(meta.get("finish_reason"), dict) else meta.get("finish_reason")}
     if speculative:
@@ -248,19 +248,28 @@ class SGLangBenchmark:
         if not agree:
             log.warning("SGLang τ cross-check: client %.3f vs server avg_spec_accept_length %s", tau, server_tau)
         same = sum(a["text"] == b["text"] for a, b in zip(base["requests"], spec["requests"]))
+        # Lossless: the speculative token ids equal the baseline's, prompt by prompt (text when ids are absent).
+        differ = [i for i, (a, b) in enumerate(zip(base["requests"], spec["requests"]))
+                  if (a.get("output_ids"), a["text"]) != (b.get("output_ids"), b["text"])]
         report = {
             "backend": "sglang", "acceptance_length": tau, "server_accept_length": server_tau,
             "cross_check": {"relative_gap": gap, "tolerance": cfg.cross_check_tolerance, "agree": agree},
             "tokens_per_s_spec": spec["tokens_per_s"], "tokens_per_s_base": base["tokens_per_s"],
             "speedup": spec["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0,
-            "identical_outputs": same, "num_prompts": len(ids), "steps": cfg.num_steps,
+            "identical_outputs": same, "lossless": not differ, "differing_prompts": differ,
+            "num_prompts": len(ids), "steps": cfg.num_steps,
             "max_new_tokens": cfg.max_new_tokens, "concurrency": cfg.concurrency,
             "target": cfg.target, "draft": cfg.draft, "prompts_source": cfg.prompts, "sets": per_set,
             "phases": {"baseline": base, "eagle3": spec},
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         storage.write_json(storage.join(cfg.out, "sglang_report.json"), report)
-        return {k: v for k, v in report.items() if k != "phases"}
+        summary = {k: v for k, v in report.items() if k != "phases"}
+        storage.write_json(storage.join(cfg.out, "report.json"), summary)  # what publish and the report read
+        if differ:
+            raise GateFailed(f"SGLang's speculative output differs from its baseline on {len(differ)} of "
+                             f"{len(ids)} prompts (indices {differ[:20]}); see {storage.join(cfg.out, 'report.json')}")
+        return summary
 
 
 def from_evaluate_config(cfg) -> SGLangBenchConfig:

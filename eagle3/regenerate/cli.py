@@ -14,17 +14,9 @@ Killed and re-run with the same --out, it resumes (finished conversations are ke
 
 from eagle3.config import stage_cli
 from eagle3.regenerate import RegenerateConfig, regenerate
-from eagle3.regenerate.config import BACKENDS
-
-
-def _brief(cfg: RegenerateConfig) -> dict:
-    summary = regenerate(cfg)
-    keys = ("done", "failed", "bad_records", "prompt_tokens", "completion_tokens", "cost_usd", "this_run")
-    return {"manifest": summary["manifest"],
-            "datasets": {name: {k: s[k] for k in keys} for name, s in summary["datasets"].items()}}
-
+from eagle3.regenerate.config import BACKENDS, SERVERS
 
 add_arguments, run = stage_cli(
-    RegenerateConfig, _brief, skip=("extra_body",), choices={"backend": BACKENDS},
+    RegenerateConfig, regenerate, skip=("extra_body",), choices={"backend": BACKENDS, "server": SERVERS},
     aliases={"datasets": ["--dataset"], "timeout_s": ["--timeout"], "price_prompt_per_m": ["--price-prompt"],
              "price_completion_per_m": ["--price-completion"]})

@@ -8,9 +8,4 @@ from eagle3.config import stage_cli
 from eagle3.verify import VerifyConfig, verify
 
 
-def _brief(cfg: VerifyConfig) -> dict:
-    result = verify(cfg)
-    return {k: result[k] for k in ("passed", "samples", "tokens", "content_hash")}
-
-
-add_arguments, run = stage_cli(VerifyConfig, _brief, choices={"storage": tuple(storage_options.OPTIONS)})
+add_arguments, run = stage_cli(VerifyConfig, verify, choices={"storage": tuple(storage_options.OPTIONS)})

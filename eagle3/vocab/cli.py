@@ -7,9 +7,4 @@ from eagle3.config import stage_cli
 from eagle3.vocab import VocabConfig, vocab
 
 
-def _brief(cfg: VocabConfig) -> dict:
-    info = vocab(cfg)
-    return {k: info[k] for k in ("draft_vocab_size", "vocab_size", "coverage", "fill", "reused", "cache_key")}
-
-
-add_arguments, run = stage_cli(VocabConfig, _brief)
+add_arguments, run = stage_cli(VocabConfig, vocab)

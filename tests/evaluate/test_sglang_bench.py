@@ -113,10 +113,11 @@ def test_stop_from_another_thread_kills_the_running_server(tmp_path, tiny_llama_
 
 
 def test_parse_generate_requires_documented_fields():
-    ok = {"text": "hi", "meta_info": {"completion_tokens": 7, "spec_verify_ct": 3,
-                                      "finish_reason": {"type": "length", "length": 7}}}
+    ok = {"text": "hi", "output_ids": [5, 6], "meta_info": {"completion_tokens": 7, "spec_verify_ct": 3,
+                                                            "finish_reason": {"type": "length", "length": 7}}}
     assert parse_generate(ok, True, "u") == {"completion_tokens": 7, "prompt_tokens": None, "e2e_latency": None,
-                                             "text": "hi", "finish_reason": "length", "spec_verify_ct": 3}
+                                             "text": "hi", "output_ids": [5, 6], "finish_reason": "length",
+                                             "spec_verify_ct": 3}
     with pytest.raises(SGLangResponseError, match="spec_verify_ct"):
         parse_generate({"meta_info": {"completion_tokens": 7}}, True, "u")
     with pytest.raises(SGLangResponseError, match="completion_tokens"):
