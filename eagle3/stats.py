@@ -62,11 +62,7 @@ class StatsConfig:
                              f"tokens_per_s ({self.tokens_per_s}) must be positive")
 
     def resolved_hidden_size(self) -> int:
-        if self.model:
-            from eagle3 import target
-
-            return target.config_int(target.read_config(self.model), "hidden_size", self.model)
-        return self.hidden_size or storage_options.REFERENCE_HIDDEN_SIZE
+        return storage_options.estimate_hidden_size(self.model, self.hidden_size)
 
 
 def _fmt_bytes(n: float) -> str:

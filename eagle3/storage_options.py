@@ -115,6 +115,16 @@ DEFAULT_EXTRACT_TOKENS_PER_S = 20_000.0
 """Extraction speed the hour estimates assume unless told (a large target on one GPU node)."""
 
 
+def estimate_hidden_size(model: str | None, hidden_size: int | None) -> int:
+    """H for an estimate: the named target's (its config.json only is read), else ``hidden_size``, else
+    REFERENCE_HIDDEN_SIZE."""
+    if model:
+        from eagle3 import target
+
+        return target.config_int(target.read_config(model), "hidden_size", model)
+    return hidden_size or REFERENCE_HIDDEN_SIZE
+
+
 def extraction_estimate(name: str, hidden_size: int, tokens: int, samples: int,
                         tokens_per_s: float = DEFAULT_EXTRACT_TOKENS_PER_S) -> dict:
     """Bytes and hours of extracting ``tokens`` tokens in ``samples`` samples (stats, the gate, extract)."""

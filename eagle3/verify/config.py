@@ -42,8 +42,4 @@ class VerifyConfig:
                              f"{self.tokens_per_s}, {self.p_threshold}, {self.headroom}")
 
     def resolved_hidden_size(self) -> int:
-        if self.model:
-            from eagle3 import target
-
-            return target.config_int(target.read_config(self.model), "hidden_size", self.model)
-        return self.hidden_size or storage_options.REFERENCE_HIDDEN_SIZE
+        return storage_options.estimate_hidden_size(self.model, self.hidden_size)
