@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3.errors import InputError
-from eagle3.tokenize import readers
+from eagle3.tokenize import readers, records
 from eagle3.tokenize.readers import Conversation, Rejected, TokenRecord, read_records
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
@@ -22,17 +22,17 @@ def _lines(path, fmt, **kw):
 
 
 @pytest.mark.parametrize("line, reason", [
-    (b"{not json", readers.MALFORMED_JSON),
-    (b'{"messages": []}', readers.NO_MESSAGES),
-    (b'{"other": 1}', readers.NO_MESSAGES),
-    (b"[1, 2]", readers.NOT_OBJECT),
-    (json.dumps({"messages": [{"role": "narrator", "content": "x"}]}).encode(), readers.UNKNOWN_ROLE),
+    (b"{not json", records.MALFORMED_JSON),
+    (b'{"messages": []}', records.NO_MESSAGES),
+    (b'{"other": 1}', records.NO_MESSAGES),
+    (b"[1, 2]", records.NOT_OBJECT),
+    (json.dumps({"messages": [{"role": "narrator", "content": "x"}]}).encode(), records.UNKNOWN_ROLE),
     (json.dumps({"messages": [{"role": "user", "content": "  "}, {"role": "assistant", "content": "a"}]}).encode(),
-     readers.EMPTY_CONTENT),
-    (json.dumps({"messages": [{"role": "user", "content": "q"}]}).encode(), readers.NO_ASSISTANT),
-    (b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', readers.INVALID_UTF8),
+     records.EMPTY_CONTENT),
+    (json.dumps({"messages": [{"role": "user", "content": "q"}]}).encode(), records.NO_ASSISTANT),
+    (b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', records.INVALID_UTF8),
     (json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "",
-                 "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]}]}).encode(), readers.BAD_TOOLS),
+                 "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]}]}).encode(), records.BAD_TOOLS),
 ])
 def test_bad_message_lines_are_rejected_with_their_line(tmp_path, line, reason):
     path = tmp_path / "d.jsonl"
@@ -44,18 +44,18 @@ def test_bad_message_lines_are_rejected_with_their_line(tmp_path, line, reason):
 
 
 @pytest.mark.parametrize("record, reason", [
-    ({"input_ids": [1, 2, 3], "loss_mask": [0, 1]}, readers.LENGTH_MISMATCH),
-    ({"input_ids": [1, 2], "loss_mask": [0, 2]}, readers.MASK_NOT_BINARY),
-    ({"input_ids": [-1, 2], "loss_mask": [0, 1]}, readers.ID_OUT_OF_RANGE),
-    ({"input_ids": [1, 100], "loss_mask": [0, 1]}, readers.ID_OUT_OF_RANGE),
-    ({"input_ids": [], "loss_mask": []}, readers.NO_TOKENS),
-    ({"input_ids": [1, 2], "loss_mask": [0, 0]}, readers.NO_LOSS_TOKENS),
-    ({"input_ids": ["a"], "loss_mask": [1]}, readers.BAD_TOKENS),
-    ({"input_ids": [1.5, 2], "loss_mask": [0, 1]}, readers.BAD_TOKENS),  # never truncated to 1
-    ({"input_ids": [True, 2], "loss_mask": [0, 1]}, readers.BAD_TOKENS),
-    ({"input_ids": [1, [2]], "loss_mask": [0, 1]}, readers.BAD_TOKENS),  # simdjson would flatten this
-    ({"input_ids": [1, 2**64], "loss_mask": [0, 1]}, readers.ID_OUT_OF_RANGE),
-    ({"loss_mask": [0, 1]}, readers.NO_TOKENS),
+    ({"input_ids": [1, 2, 3], "loss_mask": [0, 1]}, records.LENGTH_MISMATCH),
+    ({"input_ids": [1, 2], "loss_mask": [0, 2]}, records.MASK_NOT_BINARY),
+    ({"input_ids": [-1, 2], "loss_mask": [0, 1]}, records.ID_OUT_OF_RANGE),
+    ({"input_ids": [1, 100], "loss_mask": [0, 1]}, records.ID_OUT_OF_RANGE),
+    ({"input_ids": [], "loss_mask": []}, records.NO_TOKENS),
+    ({"input_ids": [1, 2], "loss_mask": [0, 0]}, records.NO_LOSS_TOKENS),
+    ({"input_ids": ["a"], "loss_mask": [1]}, records.BAD_TOKENS),
+    ({"input_ids": [1.5, 2], "loss_mask": [0, 1]}, records.BAD_TOKENS),  # never truncated to 1
+    ({"input_ids": [True, 2], "loss_mask": [0, 1]}, records.BAD_TOKENS),
+    ({"input_ids": [1, [2]], "loss_mask": [0, 1]}, records.BAD_TOKENS),  # simdjson would flatten this
+    ({"input_ids": [1, 2**64], "loss_mask": [0, 1]}, records.ID_OUT_OF_RANGE),
+    ({"loss_mask": [0, 1]}, records.NO_TOKENS),
 ])
 def test_bad_tokenized_records(tmp_path, record, reason):
     path = tmp_path / "t.jsonl"
@@ -93,8 +93,8 @@ def test_simdjson_and_json_paths_give_the_same_records(tmp_path, monkeypatch):
     assert [v[0] for v in view(fast)] == ["TokenRecord", "TokenRecord", "Rejected", "Rejected", "TokenRecord",
                                           "Rejected", "Rejected", "Rejected", "TokenRecord"]
     assert [i.reason for i in fast if isinstance(i, Rejected)] == [
-        readers.MASK_NOT_BINARY, readers.MALFORMED_JSON, readers.INVALID_UTF8, readers.ID_OUT_OF_RANGE,
-        readers.NO_TOKENS]
+        records.MASK_NOT_BINARY, records.MALFORMED_JSON, records.INVALID_UTF8, records.ID_OUT_OF_RANGE,
+        records.NO_TOKENS]
     assert fast[-1].loss_mask.tolist() == [0, 1]  # a boolean mask is a mask
 
 
