@@ -25,7 +25,7 @@ import numpy as np
 
 from eagle3 import storage, target
 from eagle3.background import BackgroundWriter
-from eagle3.errors import InputError
+from eagle3.errors import GpuOutOfMemory, InputError
 from eagle3.progress import Progress
 from eagle3.tokenize import readers
 from eagle3.tokenize.chat_mask import Batch, ChatMasker, TemplateError, ramp_chunk_sizes
@@ -174,22 +174,6 @@ class _ParquetOut:
         self.writer.close()
 
 
-def _count_records(path: str) -> int:
-    """Records in a file, counted cheaply, for the progress ETA (JSONL: newlines)."""
-    if path.lower().endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(path).metadata.num_rows
-    import gzip
-
-    opener = gzip.open if path.lower().endswith(".gz") else open
-    n = 0
-    with opener(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            n += block.count(b"\n")
-    return max(n, 1)
-
-
 def _concat(records: list[readers.TokenRecord]) -> Batch:
     lengths = np.fromiter((len(r.input_ids) for r in records), dtype=np.int64, count=len(records))
     offsets = np.zeros(len(records) + 1, dtype=np.int64)
@@ -203,7 +187,7 @@ def _tokenize_file(cfg: TokenizeConfig, local: str, tok_dir: str, parquet: _Parq
     """Read, render, encode and write; returns counts and template facts."""
     masker = _masker(tok_dir) if cfg.format != "tokenized" else None
     vocab_size = _vocab_size(tok_dir, pre_tokenized=cfg.format == "tokenized")
-    total = _count_records(local)
+    total = readers.count_records(local, display=cfg.source)  # an unreadable file is an InputError naming it
     if cfg.max_samples:
         total = min(total, cfg.max_samples)
     progress = Progress(f"tokenize {cfg.name}", total_samples=total, total_tokens=1, logger=log)
@@ -378,20 +362,54 @@ def tokenize_manifest_dataset(manifest: str, dataset: str, tokenizer: str, out: 
     return tokenize_dataset(TokenizeConfig.for_dataset(spec, tokenizer, out, **settings))
 
 
+class TokenizeFailed(RuntimeError):
+    """Datasets failed for a reason other than their input (a bug, storage, the machine).
+
+    Not an Eagle3Error on purpose: the CLI exits 1 with the traceback, not 2 (bad input).
+    ``failures`` maps each failed dataset's name to its error, InputErrors included."""
+
+    def __init__(self, message: str, failures: dict[str, BaseException]):
+        super().__init__(message)
+        self.failures = failures
+
+
+_OUT_OF_MEMORY = (GpuOutOfMemory, MemoryError)
+
+
 def tokenize_manifest(manifest: str, tokenizer: str, out: str, dataset: str | None = None,
                       **settings: Any) -> dict[str, dict[str, Any]]:
     """Tokenize every dataset of ``manifest`` (or only ``dataset``); {name: summary}.
 
-    All datasets are attempted; if any fails, one InputError lists every failure.
+    One dataset's failure never skips the others; each is logged with the dataset's name.
+    At the end, if any failed:
+
+    - all failures InputErrors (bad input, never retried): one InputError lists them;
+    - any other error (maybe a bug): TokenizeFailed lists every failure, chained to the first
+      unexpected error. It is not dressed up as an InputError, so it is not taken for bad input.
+
+    Out-of-memory errors (GpuOutOfMemory, MemoryError) are raised at once, unchanged: they are
+    the class a retry is for, and the retry reuses the datasets already done (fingerprints).
     """
     specs = [_find_spec(manifest, dataset)] if dataset is not None else load_manifest(manifest)
-    results, failures = {}, []
+    results: dict[str, dict[str, Any]] = {}
+    failures: dict[str, BaseException] = {}
     for spec in specs:
         try:
             results[spec.name] = tokenize_dataset(TokenizeConfig.for_dataset(spec, tokenizer, out, **settings))
+        except _OUT_OF_MEMORY:
+            raise
         except InputError as e:
             log.error("tokenize %s failed: %s", spec.name, e)
-            failures.append(f"{spec.name}: {e}")
-    if failures:
-        raise InputError(f"{len(failures)} of {len(specs)} dataset(s) failed:\n  " + "\n  ".join(failures))
-    return results
+            failures[spec.name] = e
+        except Exception as e:  # noqa: BLE001 - reported below, after the other datasets ran
+            log.exception("tokenize %s failed with an unexpected %s (a bug?)", spec.name, type(e).__name__)
+            failures[spec.name] = e
+    if not failures:
+        return results
+    lines = "\n  ".join(f"{name}: {'' if isinstance(e, InputError) else type(e).__name__ + ': '}{e}"
+                        for name, e in failures.items())
+    message = f"{len(failures)} of {len(specs)} dataset(s) failed:\n  {lines}"
+    unexpected = [e for e in failures.values() if not isinstance(e, InputError)]
+    if unexpected:
+        raise TokenizeFailed(message, failures) from unexpected[0]
+    raise InputError(message)
