@@ -125,7 +125,7 @@ def _parquet_file(path: str, display: str):
 
     try:
         return pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:
+    except (pa.ArrowException, OSError, ValueError) as e:  # ValueError: a column name that is not UTF-8
         raise InputError(f"not a readable Parquet file: {e}", file=display) from None
 
 
