@@ -159,3 +159,74 @@ def test_missing_empty_and_blank_files(tmp_path):
     (tmp_path / "bad.jsonl.gz").write_text("not gzip")
     with pytest.raises(InputError, match="cannot read"):
         _lines(tmp_path / "bad.jsonl.gz", "messages")
+
+
+# --- unreadable files: an InputError naming the file, never a traceback (issue 15) ------------------------------
+def _gz(tmp_path, lines: int = 2000) -> tuple[str, bytes]:
+    data = gzip.compress(b"".join(json.dumps(GOOD).encode() + b"\n" for _ in range(lines)), mtime=0)
+    return str(tmp_path / "d.jsonl.gz"), data
+
+
+@pytest.mark.parametrize("damage", ["truncate", "crc", "not_gzip"])
+def test_truncated_or_corrupt_gzip_is_refused_naming_the_file(tmp_path, damage):
+    path, data = _gz(tmp_path)
+    data = {"truncate": data[: len(data) // 2], "crc": data[:-8] + bytes(8), "not_gzip": b"plain text\n"}[damage]
+    open(path, "wb").write(data)
+    for read in (lambda: readers.count_records(path, "s3://b/d.jsonl.gz"),
+                 lambda: list(read_records(path, "messages", display="s3://b/d.jsonl.gz"))):
+        with pytest.raises(InputError, match="truncated or corrupt") as e:
+            read()
+        assert e.value.file == "s3://b/d.jsonl.gz"
+
+
+def _parquet(tmp_path, table) -> tuple[str, bytes]:
+    path = tmp_path / "d.parquet"
+    pq.write_table(table, path)
+    return str(path), path.read_bytes()
+
+
+MESSAGES_JSON = json.dumps(GOOD["messages"])
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda data: b"this is not parquet", "not a readable Parquet file"),
+    (lambda data: data[: len(data) // 2], "not a readable Parquet file"),
+    (lambda data: data[:4] + b"\xff" * 8 + data[12:], "cannot be read after row 0"),  # first page header
+    (lambda data: data.replace(b"messages", b"\x92essages"), "not a readable Parquet file"),  # was UnicodeDecodeError
+])
+def test_corrupt_parquet_is_refused_naming_the_file(tmp_path, damage, expected):
+    path, data = _parquet(tmp_path, pa.table({"messages": [MESSAGES_JSON] * 3}))
+    open(path, "wb").write(damage(data))
+    with pytest.raises(InputError, match=expected) as e:
+        list(read_records(path, "messages"))
+    assert e.value.file == path
+    if "after row" not in expected:  # the footer is unreadable: the count the stage takes first says so too
+        with pytest.raises(InputError, match=expected):
+            readers.count_records(path)
+
+
+def test_a_parquet_string_that_is_not_utf8_rejects_its_row_only(tmp_path):
+    raw = pa.array([MESSAGES_JSON.encode(), b'[{"role": "user", "content": "caf\xe9"}]', MESSAGES_JSON.encode()])
+    path, _ = _parquet(tmp_path, pa.table({"messages": raw.view(pa.string())}))  # Arrow does not check UTF-8 here
+    items = _lines(path, "messages")
+    assert [type(i) for i in items] == [Conversation, Rejected, Conversation]
+    assert (items[1].line, items[1].reason) == (2, records.INVALID_UTF8)
+
+
+def test_parquet_values_that_are_not_json_are_rejected(tmp_path):
+    # a binary field in tools reached json.dumps in the template rewrite: TypeError, the dataset lost
+    tools = pa.array([[{"name": "f", "blob": b"\x00"}], None])
+    path, _ = _parquet(tmp_path, pa.table({"messages": [MESSAGES_JSON] * 2, "tools": tools}))
+    items = _lines(path, "messages")
+    assert (type(items[0]), items[0].reason) == (Rejected, records.NOT_JSON_VALUE) and isinstance(items[1], Conversation)
+
+
+def test_a_key_spelled_with_escapes_cannot_make_the_two_paths_disagree(tmp_path, monkeypatch):
+    # simdjson took the first "input_ids" and json.loads the last ("input\u005fids" is the same key)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"input_ids": [1, 2], "loss_mask": [0, 1], "input\\u005fids": 5}\n'
+                     b'{"input\\u005fids": [1, 2], "loss_mask": [0, 1], "note": "a\\nb"}\n')
+    fast = [(type(i).__name__, getattr(i, "reason", None)) for i in _lines(path, "tokenized", vocab_size=100)]
+    monkeypatch.setattr(readers._FastTokens, "__call__", lambda self, raw: None)
+    slow = [(type(i).__name__, getattr(i, "reason", None)) for i in _lines(path, "tokenized", vocab_size=100)]
+    assert fast == slow == [("Rejected", records.BAD_TOKENS), ("TokenRecord", None)]
