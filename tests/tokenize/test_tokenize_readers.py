@@ -218,7 +218,8 @@ def test_parquet_values_that_are_not_json_are_rejected(tmp_path):
     tools = pa.array([[{"name": "f", "blob": b"\x00"}], None])
     path, _ = _parquet(tmp_path, pa.table({"messages": [MESSAGES_JSON] * 2, "tools": tools}))
     items = _lines(path, "messages")
-    assert (type(items[0]), items[0].reason) == (Rejected, records.NOT_JSON_VALUE) and isinstance(items[1], Conversation)
+    assert (type(items[0]), items[0].reason) == (Rejected, records.NOT_JSON_VALUE)
+    assert isinstance(items[1], Conversation)
 
 
 def test_a_key_spelled_with_escapes_cannot_make_the_two_paths_disagree(tmp_path, monkeypatch):
