@@ -1,8 +1,10 @@
 """The tokenize stage: read datasets, apply the tokenizer's chat template, write exact loss masks.
 
-Submodules: ``manifest`` (the datasets YAML), ``readers`` (records and rejects),
-``chat_mask`` (template probe and assistant-span masks), ``stage`` (the work and its
-outputs), ``cli`` (``eagle3 tokenize``). Nothing heavy is imported here.
+Submodules: ``manifest`` (the datasets YAML), ``readers`` (files to records),
+``records`` (the checks of one record and the reject reasons), ``describe`` (untrusted
+values in messages), ``chat_mask`` (template probe and assistant-span masks),
+``stage`` (the work and its outputs), ``cli`` (``eagle3 tokenize``).
+Nothing heavy is imported here.
 """
 
 from eagle3.tokenize.config import TokenizeConfig

@@ -12,7 +12,9 @@
 ``load_manifest(path)`` validates everything it can without reading the data:
 unknown keys, bad or duplicate names, names that would escape the output folder,
 unknown formats and file types, and local sources that are missing or empty.
-Every error names the manifest, the dotted key and the fix.
+Every error names the manifest, the dotted key and the fix. Values are type-checked
+before use and shown with ``describe`` (never a full repr: YAML aliases can make a
+value exponentially large), and YAML nested too deep for the parser is an InputError.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from eagle3 import storage
 from eagle3.errors import InputError
+from eagle3.tokenize.describe import describe
 
 FORMATS = ("messages", "sharegpt", "tokenized")
 EXTENSIONS = (".jsonl", ".jsonl.gz", ".parquet")
@@ -74,10 +77,15 @@ def check_name(name: Any, where: str) -> str:
     """A dataset name that is safe as one folder name (no ``/``, no ``..``)."""
     if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", ".."):
         raise InputError(
-            f"{where}: dataset name {name!r} is not allowed; use letters, digits, '_', '-' and '.' only "
+            f"{where}: dataset name {describe(name)} is not allowed; use letters, digits, '_', '-' and '.' only "
             "(it becomes a folder name, so '/', '..' and empty names are refused), e.g. name: arithmetic"
         )
     return name
+
+
+def _unknown_keys(mapping: dict, known: set[str]) -> list[str]:
+    """Keys not in ``known``, sorted and shown as text (YAML keys may be numbers, dates or null)."""
+    return sorted(describe(k) if not isinstance(k, str) else k for k in mapping if k not in known)
 
 
 def _resolve_source(source: str, manifest_uri: str) -> str:
@@ -94,8 +102,8 @@ def _resolve_source(source: str, manifest_uri: str) -> str:
 def _check_entry(entry: Any, i: int, manifest: str, check_sources: bool) -> DatasetSpec:
     where = f"{manifest}: datasets[{i}]"
     if not isinstance(entry, dict):
-        raise InputError(f"{where} must be a mapping with name, source and format; got {entry!r}")
-    unknown = sorted(set(entry) - _KEYS)
+        raise InputError(f"{where} must be a mapping with name, source and format; got {describe(entry)}")
+    unknown = _unknown_keys(entry, _KEYS)
     if unknown:
         raise InputError(
             f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(_KEYS))}"
@@ -107,10 +115,10 @@ def _check_entry(entry: Any, i: int, manifest: str, check_sources: bool) -> Data
     where = f"{manifest}: datasets[{i}] ({name})"
     fmt = entry["format"]
     if fmt not in FORMATS:
-        raise InputError(f"{where}.format: {fmt!r} is not a known format; use one of {', '.join(FORMATS)}")
+        raise InputError(f"{where}.format: {describe(fmt)} is not a known format; use one of {', '.join(FORMATS)}")
     source = entry["source"]
     if not isinstance(source, str):
-        raise InputError(f"{where}.source: expected a path or s3:// URI, got {source!r}")
+        raise InputError(f"{where}.source: expected a path or s3:// URI, got {describe(source)}")
     if source_extension(source) is None:
         raise InputError(f"{where}.source: {source!r} must end with one of {', '.join(EXTENSIONS)}")
     source = _resolve_source(source, manifest)
@@ -123,12 +131,14 @@ def _check_entry(entry: Any, i: int, manifest: str, check_sources: bool) -> Data
     max_samples = entry.get("max_samples")
     if max_samples is not None and (isinstance(max_samples, bool) or not isinstance(max_samples, int)
                                     or max_samples < 1):
-        raise InputError(f"{where}.max_samples: {max_samples!r} must be a positive integer (or left out)")
+        raise InputError(f"{where}.max_samples: {describe(max_samples)} must be a positive integer (or left out)")
     for key in ("drop", "regenerate"):
         if not isinstance(entry.get(key, False), bool):
-            raise InputError(f"{where}.{key}: {entry[key]!r} must be true or false")
+            raise InputError(f"{where}.{key}: {describe(entry[key])} must be true or false")
     category = entry.get("category")
-    if category is not None and not isinstance(category, str):
+    if isinstance(category, (list, dict)):  # scalars (2024, a date) are taken as their text
+        raise InputError(f"{where}.category: {describe(category)} must be text, e.g. category: math")
+    if category is not None:
         category = str(category)
     return DatasetSpec(name=name, source=source, format=fmt, category=category, max_samples=max_samples,
                        drop=entry.get("drop", False), regenerate=entry.get("regenerate", False))
@@ -142,11 +152,14 @@ def parse_manifest(text: str, manifest: str = "<manifest>", check_sources: bool 
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise InputError(f"{manifest}: not valid YAML: {e}") from None
+    except RecursionError:  # PyYAML composes recursively
+        raise InputError(f"{manifest}: YAML nested too deeply to parse; a manifest is a list of flat entries") \
+            from None
     if doc is None:
         raise InputError(f"{manifest}: the manifest is empty; it needs a top-level 'datasets:' list")
     if not isinstance(doc, dict) or "datasets" not in doc:
         raise InputError(f"{manifest}: expected a top-level 'datasets:' list, got {type(doc).__name__}")
-    unknown = sorted(set(doc) - {"datasets"})
+    unknown = _unknown_keys(doc, {"datasets"})
     if unknown:
         raise InputError(f"{manifest}: unknown top-level key(s) {', '.join(unknown)}; only 'datasets' is allowed")
     entries = doc["datasets"]
@@ -176,4 +189,6 @@ def load_manifest(path: str, check_sources: bool = True) -> list[DatasetSpec]:
         text = storage.read_text(path)
     except UnicodeDecodeError as e:
         raise InputError(f"manifest {path} is not UTF-8 text: {e}") from None
+    except IsADirectoryError:
+        raise InputError(f"manifest {path} is a folder; give the YAML file inside it") from None
     return parse_manifest(text, path, check_sources)

@@ -5,218 +5,26 @@ Formats (see docs/CONTRACTS.md): ``messages`` (OpenAI style), ``sharegpt``
 ``tokenized`` (``input_ids`` + ``loss_mask``), each from .jsonl, .jsonl.gz or
 .parquet. ``read_records`` yields one item per input record, in file order:
 a ``Conversation``, a ``TokenRecord`` or a ``Rejected`` naming the 1-based line
-(the row number for Parquet) and a short reason. Blank JSONL lines hold no
-record and are skipped. A missing, empty or unreadable file is an InputError.
+(the row number for Parquet) and a short reason (``records`` checks each record
+and owns the reasons). Blank JSONL lines hold no record and are skipped. A
+missing, empty or unreadable file (truncated or corrupt gzip, not Parquet, a
+corrupt Parquet page) is an InputError naming the file: nothing else is raised.
 """
 
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import zlib
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 
 from eagle3.errors import InputError
+from eagle3.tokenize.records import (INVALID_UTF8, Conversation, Reject, Rejected, TokenRecord, check_tokens,
+                                     parse_conversation, parse_json_line, parse_tokens)
 
-# Reasons are short and fixed so rejects can be counted; ``detail`` says the rest.
-MALFORMED_JSON = "malformed JSON"
-INVALID_UTF8 = "invalid UTF-8"
-NOT_OBJECT = "not a JSON object"
-NO_MESSAGES = "no messages"
-UNKNOWN_ROLE = "unknown role"
-EMPTY_CONTENT = "empty content"
-BAD_CONTENT = "content is not text"
-NO_ASSISTANT = "no assistant message"
-BAD_TOOLS = "bad tools or tool_calls"
-LENGTH_MISMATCH = "ids/mask length mismatch"
-MASK_NOT_BINARY = "mask not 0/1"
-ID_OUT_OF_RANGE = "id out of range"
-NO_TOKENS = "no tokens"
-NO_LOSS_TOKENS = "no loss tokens"
-BAD_TOKENS = "input_ids/loss_mask not integer lists"
-
-# Input role names -> the roles chat templates know.
-MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-                 "tool": "tool", "function": "tool"}
-SHAREGPT_ROLES = {**MESSAGE_ROLES, "human": "user", "gpt": "assistant", "chatgpt": "assistant",
-                  "observation": "tool", "function_response": "tool", "function_call": "function_call"}
-_REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
-
-
-@dataclass
-class Conversation:
-    line: int
-    messages: list[dict[str, Any]]
-    """Normalised: role in system/user/assistant/tool, content a str; assistant
-    messages may carry ``tool_calls`` (OpenAI shape, arguments a dict) and
-    ``reasoning_content``."""
-    tools: list[dict[str, Any]] | None = None
-
-
-@dataclass
-class TokenRecord:
-    line: int
-    input_ids: np.ndarray  # int32
-    loss_mask: np.ndarray  # uint8
-
-
-@dataclass
-class Rejected:
-    line: int
-    reason: str
-    detail: str = ""
-
-
-class _Reject(Exception):
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(reason)
-        self.reason, self.detail = reason, detail
-
-
-def _text(content: Any, where: str) -> str:
-    """Message content as one string; OpenAI content parts are joined."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                raise _Reject(BAD_CONTENT, f"{where}: only text parts are supported, got {str(part)[:80]}")
-        return "".join(parts)
-    raise _Reject(BAD_CONTENT, f"{where}: expected a string, got {type(content).__name__}")
-
-
-def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
-    """OpenAI tool calls with ``function.arguments`` parsed into a dict."""
-    if not isinstance(calls, list) or not calls:
-        raise _Reject(BAD_TOOLS, f"{where}.tool_calls must be a non-empty list")
-    out = []
-    for j, call in enumerate(calls):
-        fn = call.get("function", call) if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise _Reject(BAD_TOOLS, f"{where}.tool_calls[{j}] needs function.name")
-        args = fn.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except ValueError:
-                raise _Reject(BAD_TOOLS, f"{where}.tool_calls[{j}].function.arguments is not valid JSON") from None
-        if not isinstance(args, dict):
-            raise _Reject(BAD_TOOLS, f"{where}.tool_calls[{j}].function.arguments must be a JSON object")
-        entry = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
-        if isinstance(call, dict) and call.get("id"):
-            entry["id"] = str(call["id"])
-        out.append(entry)
-    return out
-
-
-def _message(raw: Any, i: int, roles: dict[str, str]) -> dict[str, Any]:
-    where = f"messages[{i}]"
-    if not isinstance(raw, dict):
-        raise _Reject(NOT_OBJECT, f"{where} is not an object")
-    role = raw.get("role", raw.get("from"))
-    if role not in roles:
-        raise _Reject(UNKNOWN_ROLE, f"{where}: role {role!r}; valid roles: {', '.join(sorted(roles))}")
-    role = roles[role]
-    content = _text(raw.get("content", raw.get("value")), where)
-    msg: dict[str, Any] = {"role": role, "content": content}
-    if role == "function_call":  # ShareGPT: the value is the call's JSON
-        try:
-            call = json.loads(content)
-        except ValueError:
-            raise _Reject(BAD_TOOLS, f"{where}: function_call value is not JSON") from None
-        return {"role": "assistant", "content": "", "tool_calls": _tool_calls([call], where)}
-    if role == "assistant":
-        if raw.get("tool_calls"):
-            msg["tool_calls"] = _tool_calls(raw["tool_calls"], where)
-        reasoning = next((raw[k] for k in _REASONING_KEYS if isinstance(raw.get(k), str) and raw[k].strip()), None)
-        if reasoning is not None:
-            msg["reasoning_content"] = reasoning
-    if role == "tool":
-        for key in ("tool_call_id", "name"):
-            if isinstance(raw.get(key), str):
-                msg[key] = raw[key]
-    if not content.strip() and not msg.get("tool_calls"):
-        raise _Reject(EMPTY_CONTENT, f"{where} ({role}) has empty content")
-    return msg
-
-
-def parse_conversation(obj: Any, fmt: str, line: int) -> Conversation:
-    """Validate one ``messages``/``sharegpt`` record (raises _Reject)."""
-    if not isinstance(obj, dict):
-        raise _Reject(NOT_OBJECT, f"got {type(obj).__name__}")
-    key = "messages" if fmt == "messages" else ("conversations" if "conversations" in obj else "messages")
-    raw = obj.get(key)
-    if isinstance(raw, str):  # Parquet files often hold the list as a JSON string
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            raise _Reject(MALFORMED_JSON, f"{key} holds a string that is not JSON") from None
-    if not isinstance(raw, list) or not raw:
-        raise _Reject(NO_MESSAGES, f"key {key!r} missing or empty")
-    roles = MESSAGE_ROLES if fmt == "messages" else SHAREGPT_ROLES
-    messages = [_message(_drop_none(m), i, roles) for i, m in enumerate(raw)]
-    if not any(m["role"] == "assistant" for m in messages):
-        raise _Reject(NO_ASSISTANT, "nothing to learn: no assistant turn")
-    tools = obj.get("tools")
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except ValueError:
-            raise _Reject(BAD_TOOLS, "tools holds a string that is not JSON") from None
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise _Reject(BAD_TOOLS, "tools must be a list of JSON-schema objects")
-    return Conversation(line=line, messages=messages, tools=tools or None)
-
-
-def _drop_none(m: Any) -> Any:
-    # Parquet structs fill absent fields with None; templates treat a present None differently.
-    return {k: v for k, v in m.items() if v is not None} if isinstance(m, dict) else m
-
-
-def parse_tokens(obj: Any, line: int, vocab_size: int | None) -> TokenRecord:
-    """Validate one ``tokenized`` record (raises _Reject)."""
-    if not isinstance(obj, dict):
-        raise _Reject(NOT_OBJECT, f"got {type(obj).__name__}")
-    arrays = []
-    # Integers only (numpy would silently truncate 1.5); a mask may also be booleans (Parquet list<bool>).
-    for key, allowed in (("input_ids", (int,)), ("loss_mask", (int, bool))):
-        values = obj.get(key)
-        values = [] if values is None else values
-        if not isinstance(values, list) or not all(type(v) in allowed for v in values):
-            raise _Reject(BAD_TOKENS, f"{key} must be a flat list of integers")
-        try:
-            arrays.append(np.asarray(values, dtype=np.int64))
-        except OverflowError:
-            arrays.append(np.asarray(values, dtype=object))  # > int64: reported as out of range below
-    return check_tokens(arrays[0], arrays[1], line, vocab_size)
-
-
-def check_tokens(ids: np.ndarray, mask: np.ndarray, line: int, vocab_size: int | None) -> TokenRecord:
-    """The checks of a ``tokenized`` record on its two integer arrays (raises _Reject)."""
-    if len(ids) == 0:
-        raise _Reject(NO_TOKENS, "input_ids missing or empty")
-    if len(ids) != len(mask):
-        raise _Reject(LENGTH_MISMATCH, f"{len(ids)} input_ids but {len(mask)} loss_mask values")
-    bad = (mask != 0) & (mask != 1)
-    if bad.any():
-        k = int(np.argmax(bad))
-        raise _Reject(MASK_NOT_BINARY, f"loss_mask[{k}] = {int(mask[k])}")
-    bad = (ids < 0) | (ids >= (vocab_size or 2**31))  # stored as int32
-    if bad.any():
-        k = int(np.argmax(bad))
-        raise _Reject(ID_OUT_OF_RANGE, f"input_ids[{k}] = {int(ids[k])}, vocab size {vocab_size}")
-    if not mask.any():
-        raise _Reject(NO_LOSS_TOKENS, "loss_mask is all 0: nothing to learn")
-    return TokenRecord(line=line, input_ids=ids.astype(np.int32), loss_mask=mask.astype(np.uint8))
+__all__ = ["Conversation", "Rejected", "TokenRecord", "count_records", "parse_conversation", "read_records"]
 
 
 class _FastTokens:
@@ -235,13 +43,18 @@ class _FastTokens:
 
     def __call__(self, raw: bytes) -> tuple[np.ndarray, np.ndarray] | None:
         # as_buffer flattens nested arrays, so take only lines whose two lists are the only brackets;
-        # simdjson keeps the first of duplicate keys and json the last, so take only lines with one of each.
+        # simdjson keeps the first of duplicate keys and json the last, so take only lines with one of each
+        # (a key may also be spelled with escapes, "input\u005fids": then count the parsed keys).
         if (self.parser is None or raw.count(b"[") != 2 or raw.count(b'"input_ids"') != 1
                 or raw.count(b'"loss_mask"') != 1):
             return None
         try:
             doc = self.parser.parse(raw)
             try:
+                if b"\\" in raw:
+                    keys = list(doc.keys())
+                    if keys.count("input_ids") != 1 or keys.count("loss_mask") != 1:
+                        return None
                 ids = np.frombuffer(doc["input_ids"].as_buffer(of_type="i"), np.int64)
                 mask = np.frombuffer(doc["loss_mask"].as_buffer(of_type="i"), np.int64)
             finally:
@@ -251,9 +64,22 @@ class _FastTokens:
         return ids, mask
 
 
+_READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip: BadGzipFile is an OSError, truncation an EOFError
+
+
+def _unreadable(e: Exception, path: str, display: str, line: int) -> InputError:
+    """The whole file is refused: a stream that cannot be read to its end has lost records."""
+    where = f" after line {line}" if line else ""
+    if path.lower().endswith(".gz"):
+        return InputError(f"cannot read as gzip{where}: {e}; the file is truncated or corrupt (test it with "
+                          "`gzip -t`, then copy or compress it again)", file=display)
+    return InputError(f"cannot read{where}: {e}", file=display)
+
+
 def _jsonl_lines(path: str, display: str) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, raw bytes) of each non-blank line."""
     opener = gzip.open if path.lower().endswith(".gz") else open
+    line = 0
     try:
         with opener(path, "rb") as f:
             for line, raw in enumerate(f, 1):
@@ -261,57 +87,100 @@ def _jsonl_lines(path: str, display: str) -> Iterator[tuple[int, bytes]]:
                     raw = raw[3:]  # a UTF-8 byte-order mark (Windows editors) is not part of the record
                 if raw.strip():
                     yield line, raw
-    except (OSError, EOFError, zlib.error) as e:
-        raise InputError(f"cannot read: {e} (is it really {'gzip' if opener is gzip.open else 'text'}?)",
-                         file=display) from None
-
-
-def _json_object(raw: bytes) -> Any:
-    """The parsed line, or a _Reject saying why it is not JSON."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return _Reject(INVALID_UTF8, f"byte {e.start}: {e.reason}")
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        return _Reject(MALFORMED_JSON, str(e)[:200])
+    except _READ_ERRORS as e:
+        raise _unreadable(e, path, display, line) from None
 
 
 def _jsonl_objects(path: str, display: str) -> Iterator[tuple[int, Any]]:
-    """(line, parsed object or _Reject) for each non-blank line."""
+    """(line, parsed object or Reject) for each non-blank line."""
     for line, raw in _jsonl_lines(path, display):
-        yield line, _json_object(raw)
+        yield line, _json_line(raw)
+
+
+def _json_line(raw: bytes) -> Any:
+    try:
+        return parse_json_line(raw)
+    except Reject as r:
+        return r
 
 
 def _jsonl_tokens(path: str, display: str, vocab_size: int | None) -> Iterator[tuple[int, Any]]:
     """Like _jsonl_objects for ``tokenized`` lines, but well-formed ones come back as a
-    ready TokenRecord (or _Reject) through the simdjson path."""
+    ready TokenRecord (or Reject) through the simdjson path."""
     fast = _FastTokens()
     for line, raw in _jsonl_lines(path, display):
         arrays = fast(raw)
         if arrays is None:
-            yield line, _json_object(raw)
+            yield line, _json_line(raw)
             continue
         try:
             yield line, check_tokens(arrays[0], arrays[1], line, vocab_size)
-        except _Reject as r:
+        except Reject as r:
             yield line, r
 
 
-def _parquet_objects(path: str, display: str) -> Iterator[tuple[int, Any]]:
+def _parquet_file(path: str, display: str):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError, ValueError) as e:  # ValueError: a column name that is not UTF-8
         raise InputError(f"not a readable Parquet file: {e}", file=display) from None
-    line = 0
-    for batch in pf.iter_batches(batch_size=4096):
-        for row in batch.to_pylist():
+
+
+def _batch_rows(batch) -> list[Any]:
+    """The rows of a record batch as Python values. A string that is not UTF-8 (Arrow does
+    not check on read) fails the whole batch, so then rows are converted one by one and
+    that row alone is rejected."""
+    try:
+        return batch.to_pylist()
+    except UnicodeDecodeError:
+        rows: list[Any] = []
+        for k in range(batch.num_rows):
+            try:
+                rows.append(batch.slice(k, 1).to_pylist()[0])
+            except UnicodeDecodeError as e:
+                rows.append(Reject(INVALID_UTF8, f"a string column holds bytes that are not UTF-8: {e.reason}"))
+        return rows
+
+
+def _parquet_objects(path: str, display: str) -> Iterator[tuple[int, Any]]:
+    import pyarrow as pa
+
+    pf = _parquet_file(path, display)
+    line, batches = 0, pf.iter_batches(batch_size=4096)
+    while True:
+        try:
+            batch = next(batches, None)
+            rows = [] if batch is None else _batch_rows(batch)
+        except (pa.ArrowException, OSError, ValueError) as e:  # corrupt pages, unsupported types
+            raise InputError(f"Parquet data cannot be read after row {line}: {e}", file=display) from None
+        if batch is None:
+            break
+        for row in rows:
             line += 1
             yield line, row
+    if line != pf.metadata.num_rows:
+        raise InputError(f"the Parquet footer says {pf.metadata.num_rows} rows but {line} were read; "
+                         "the file is corrupt", file=display)
+
+
+def count_records(path: str, display: str | None = None) -> int:
+    """Records in the file, counted cheaply for a progress ETA: newlines for JSONL (at least 1),
+    the footer's row count for Parquet. An unreadable file is an InputError naming ``display``."""
+    display = display or path
+    if path.lower().endswith(".parquet"):
+        return _parquet_file(path, display).metadata.num_rows
+    opener = gzip.open if path.lower().endswith(".gz") else open
+    n = 0
+    try:
+        with opener(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                n += block.count(b"\n")
+    except _READ_ERRORS as e:
+        raise _unreadable(e, path, display, 0) from None
+    return max(n, 1)
 
 
 def read_records(path: str, fmt: str, display: str | None = None,
@@ -335,7 +204,7 @@ def read_records(path: str, fmt: str, display: str | None = None,
     for line, obj in objects:
         seen += 1
         try:
-            if isinstance(obj, _Reject):
+            if isinstance(obj, Reject):
                 raise obj
             if isinstance(obj, TokenRecord):
                 yield obj
@@ -343,7 +212,8 @@ def read_records(path: str, fmt: str, display: str | None = None,
                 yield parse_tokens(obj, line, vocab_size)
             else:
                 yield parse_conversation(obj, fmt, line)
-        except _Reject as r:
-            yield Rejected(line, r.reason, r.detail)
+        except Reject as r:
+            # A detail may quote the input, lone surrogates included; rejects.jsonl is written as UTF-8.
+            yield Rejected(line, r.reason, r.detail.encode("utf-8", "backslashreplace").decode("utf-8"))
     if seen == 0:
         raise InputError("file holds no records (only blank lines or no rows)", file=display)

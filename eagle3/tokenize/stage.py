@@ -24,7 +24,7 @@ import numpy as np
 
 from eagle3 import storage, target
 from eagle3.background import BackgroundWriter
-from eagle3.errors import InputError
+from eagle3.errors import GpuOutOfMemory, InputError
 from eagle3.progress import Progress
 from eagle3.tokenize import readers
 from eagle3.tokenize.config import TokenizeConfig
@@ -177,22 +177,6 @@ class _ParquetOut:
         self.writer.close()
 
 
-def _count_records(path: str) -> int:
-    """Records in a file, counted cheaply, for the progress ETA (JSONL: newlines)."""
-    if path.lower().endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(path).metadata.num_rows
-    import gzip
-
-    opener = gzip.open if path.lower().endswith(".gz") else open
-    n = 0
-    with opener(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            n += block.count(b"\n")
-    return max(n, 1)
-
-
 def _concat(records: list[readers.TokenRecord]) -> Batch:
     lengths = np.fromiter((len(r.input_ids) for r in records), dtype=np.int64, count=len(records))
     offsets = np.zeros(len(records) + 1, dtype=np.int64)
@@ -206,7 +190,7 @@ def _tokenize_file(cfg: DatasetConfig, local: str, tok_dir: str, parquet: _Parqu
     """Read, render, encode and write; returns counts and template facts."""
     masker = _masker(tok_dir) if cfg.format != "tokenized" else None
     vocab_size = _vocab_size(tok_dir, pre_tokenized=cfg.format == "tokenized")
-    total = _count_records(local)
+    total = readers.count_records(local, display=cfg.source)  # an unreadable file is an InputError naming it
     if cfg.max_samples:
         total = min(total, cfg.max_samples)
     progress = Progress(f"tokenize {cfg.name}", total_samples=total, total_tokens=1, logger=log)
@@ -324,7 +308,8 @@ def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
             facts = _tokenize_file(cfg, local, tok_dir, parquet, rejects)
         finally:
             parquet.close()
-        (tmp / "rejects.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
+        # ASCII JSON: a refused line may hold U+2028 or a lone surrogate, which must not split or break a line.
+        (tmp / "rejects.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rejects))
         considered = parquet.samples + len(rejects)
         reasons = Counter(r["reason"] for r in rejects)
         share = len(rejects) / considered if considered else 1.0
@@ -365,12 +350,34 @@ def _find_spec(manifest: str, dataset: str):
     raise InputError(f"dataset {dataset!r} is not in {manifest}; its datasets are: {', '.join(s.name for s in specs)}")
 
 
+class TokenizeFailed(RuntimeError):
+    """Datasets failed for a reason other than their input (a bug, storage, the machine).
+
+    Not an Eagle3Error on purpose: the CLI exits 1 with the traceback, not 2 (bad input).
+    ``failures`` maps each failed dataset's name to its error, InputErrors included."""
+
+    def __init__(self, message: str, failures: dict[str, BaseException]):
+        super().__init__(message)
+        self.failures = failures
+
+
+_OUT_OF_MEMORY = (GpuOutOfMemory, MemoryError)
+
+
 def run(cfg: TokenizeConfig) -> dict[str, Any]:
     """Tokenize every dataset of the manifest (or only ``cfg.dataset``); ``{"datasets": {name: summary}}``.
 
     ``cfg.source_override`` replaces that dataset's source with a regenerated file (format ``messages``,
-    as ``eagle3 regenerate`` writes it). All datasets are attempted; if any fails, one InputError lists
-    every failure.
+    as ``eagle3 regenerate`` writes it). One dataset's failure never skips the others; each is logged
+    with the dataset's name.
+    At the end, if any failed:
+
+    - all failures InputErrors (bad input, never retried): one InputError lists them;
+    - any other error (maybe a bug): TokenizeFailed lists every failure, chained to the first
+      unexpected error. It is not dressed up as an InputError, so it is not taken for bad input.
+
+    Out-of-memory errors (GpuOutOfMemory, MemoryError) are raised at once, unchanged: they are
+    the class a retry is for, and the retry reuses the datasets already done (fingerprints).
     """
     if cfg.dataset is not None:
         specs = [_find_spec(cfg.manifest, cfg.dataset)]
@@ -379,13 +386,25 @@ def run(cfg: TokenizeConfig) -> dict[str, Any]:
     else:
         specs = load_manifest(cfg.manifest)
     settings = {"max_reject_share": cfg.max_reject_share, "batch_size": cfg.batch_size, "force": cfg.force}
-    results, failures = {}, []
+    results: dict[str, dict[str, Any]] = {}
+    failures: dict[str, BaseException] = {}
     for spec in specs:
         try:
             results[spec.name] = tokenize_dataset(DatasetConfig.for_dataset(spec, cfg.model, cfg.out, **settings))
+        except _OUT_OF_MEMORY:
+            raise
         except InputError as e:
             log.error("tokenize %s failed: %s", spec.name, e)
-            failures.append(f"{spec.name}: {e}")
-    if failures:
-        raise InputError(f"{len(failures)} of {len(specs)} dataset(s) failed:\n  " + "\n  ".join(failures))
-    return {"datasets": results}
+            failures[spec.name] = e
+        except Exception as e:  # noqa: BLE001 - reported below, after the other datasets ran
+            log.exception("tokenize %s failed with an unexpected %s (a bug?)", spec.name, type(e).__name__)
+            failures[spec.name] = e
+    if not failures:
+        return {"datasets": results}
+    lines = "\n  ".join(f"{name}: {'' if isinstance(e, InputError) else type(e).__name__ + ': '}{e}"
+                        for name, e in failures.items())
+    message = f"{len(failures)} of {len(specs)} dataset(s) failed:\n  {lines}"
+    unexpected = [e for e in failures.values() if not isinstance(e, InputError)]
+    if unexpected:
+        raise TokenizeFailed(message, failures) from unexpected[0]
+    raise InputError(message)

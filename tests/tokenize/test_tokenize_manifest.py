@@ -74,3 +74,39 @@ def test_bad_documents_are_refused(tmp_path, text, expected):
 def test_missing_manifest(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         load_manifest(os.path.join(tmp_path, "nope.yaml"))
+
+
+# --- odd YAML: an InputError naming the manifest, never a traceback or a hang (issue 15) --------------------------
+def _alias_bomb(levels: int = 8) -> str:
+    """A YAML flow list whose repr holds 9**levels items: each level lists the previous one 9 times."""
+    parts = ["&a0 [" + ", ".join(["x"] * 9) + "]"]
+    parts += [f"&a{k} [" + ", ".join([f"*a{k - 1}"] * 9) + "]" for k in range(1, levels + 1)]
+    return "[" + ", ".join(parts) + "]"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("datasets:\n  - " + "[" * 1000 + "]" * 1000 + "\n", "nested too deeply"),  # was RecursionError
+    ("datasets:\n  - {name: a, source: a.jsonl, format: messages, 1: x, zz: 2}\n", r"unknown key\(s\) 1, zz"),
+    ("datasets: [x]\n1: 2\nzz: 3\n", r"unknown top-level key\(s\) 1, zz"),  # was TypeError in sorted()
+    ("datasets:\n  - {name: [a], source: a.jsonl, format: messages}\n", "dataset name a list is not allowed"),
+    ("datasets:\n  - {name: a, source: a.jsonl, format: {x: 1}}\n", "format: a dict is not a known format"),
+    ("datasets:\n  - {name: a, source: a.jsonl, format: messages, category: [math]}\n", "category: a list"),
+])
+def test_odd_yaml_is_refused(tmp_path, text, expected):
+    with pytest.raises(InputError, match=expected) as e:
+        load_manifest(_write(tmp_path, text))
+    assert "m.yaml" in str(e.value)
+
+
+@pytest.mark.timeout(30)
+def test_an_alias_bomb_is_not_expanded_into_the_error(tmp_path):
+    # the error used to repr the value: 9**8 items, minutes and gigabytes
+    text = f"datasets:\n  - {{name: a, source: a.jsonl, format: {_alias_bomb()}}}\n"
+    with pytest.raises(InputError, match="format: a list is not a known format"):
+        parse_manifest(text, str(tmp_path / "m.yaml"), check_sources=False)
+
+
+def test_a_folder_is_not_a_manifest(tmp_path):
+    (tmp_path / "m").mkdir()
+    with pytest.raises(InputError, match="is a folder"):
+        load_manifest(str(tmp_path / "m"))

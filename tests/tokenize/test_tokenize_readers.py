@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3.errors import InputError
-from eagle3.tokenize import readers
+from eagle3.tokenize import readers, records
 from eagle3.tokenize.readers import Conversation, Rejected, TokenRecord, read_records
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
@@ -22,17 +22,17 @@ def _lines(path, fmt, **kw):
 
 
 @pytest.mark.parametrize("line, reason", [
-    (b"{not json", readers.MALFORMED_JSON),
-    (b'{"messages": []}', readers.NO_MESSAGES),
-    (b'{"other": 1}', readers.NO_MESSAGES),
-    (b"[1, 2]", readers.NOT_OBJECT),
-    (json.dumps({"messages": [{"role": "narrator", "content": "x"}]}).encode(), readers.UNKNOWN_ROLE),
+    (b"{not json", records.MALFORMED_JSON),
+    (b'{"messages": []}', records.NO_MESSAGES),
+    (b'{"other": 1}', records.NO_MESSAGES),
+    (b"[1, 2]", records.NOT_OBJECT),
+    (json.dumps({"messages": [{"role": "narrator", "content": "x"}]}).encode(), records.UNKNOWN_ROLE),
     (json.dumps({"messages": [{"role": "user", "content": "  "}, {"role": "assistant", "content": "a"}]}).encode(),
-     readers.EMPTY_CONTENT),
-    (json.dumps({"messages": [{"role": "user", "content": "q"}]}).encode(), readers.NO_ASSISTANT),
-    (b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', readers.INVALID_UTF8),
+     records.EMPTY_CONTENT),
+    (json.dumps({"messages": [{"role": "user", "content": "q"}]}).encode(), records.NO_ASSISTANT),
+    (b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', records.INVALID_UTF8),
     (json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "",
-                 "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]}]}).encode(), readers.BAD_TOOLS),
+                 "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]}]}).encode(), records.BAD_TOOLS),
 ])
 def test_bad_message_lines_are_rejected_with_their_line(tmp_path, line, reason):
     path = tmp_path / "d.jsonl"
@@ -44,18 +44,18 @@ def test_bad_message_lines_are_rejected_with_their_line(tmp_path, line, reason):
 
 
 @pytest.mark.parametrize("record, reason", [
-    ({"input_ids": [1, 2, 3], "loss_mask": [0, 1]}, readers.LENGTH_MISMATCH),
-    ({"input_ids": [1, 2], "loss_mask": [0, 2]}, readers.MASK_NOT_BINARY),
-    ({"input_ids": [-1, 2], "loss_mask": [0, 1]}, readers.ID_OUT_OF_RANGE),
-    ({"input_ids": [1, 100], "loss_mask": [0, 1]}, readers.ID_OUT_OF_RANGE),
-    ({"input_ids": [], "loss_mask": []}, readers.NO_TOKENS),
-    ({"input_ids": [1, 2], "loss_mask": [0, 0]}, readers.NO_LOSS_TOKENS),
-    ({"input_ids": ["a"], "loss_mask": [1]}, readers.BAD_TOKENS),
-    ({"input_ids": [1.5, 2], "loss_mask": [0, 1]}, readers.BAD_TOKENS),  # never truncated to 1
-    ({"input_ids": [True, 2], "loss_mask": [0, 1]}, readers.BAD_TOKENS),
-    ({"input_ids": [1, [2]], "loss_mask": [0, 1]}, readers.BAD_TOKENS),  # simdjson would flatten this
-    ({"input_ids": [1, 2**64], "loss_mask": [0, 1]}, readers.ID_OUT_OF_RANGE),
-    ({"loss_mask": [0, 1]}, readers.NO_TOKENS),
+    ({"input_ids": [1, 2, 3], "loss_mask": [0, 1]}, records.LENGTH_MISMATCH),
+    ({"input_ids": [1, 2], "loss_mask": [0, 2]}, records.MASK_NOT_BINARY),
+    ({"input_ids": [-1, 2], "loss_mask": [0, 1]}, records.ID_OUT_OF_RANGE),
+    ({"input_ids": [1, 100], "loss_mask": [0, 1]}, records.ID_OUT_OF_RANGE),
+    ({"input_ids": [], "loss_mask": []}, records.NO_TOKENS),
+    ({"input_ids": [1, 2], "loss_mask": [0, 0]}, records.NO_LOSS_TOKENS),
+    ({"input_ids": ["a"], "loss_mask": [1]}, records.BAD_TOKENS),
+    ({"input_ids": [1.5, 2], "loss_mask": [0, 1]}, records.BAD_TOKENS),  # never truncated to 1
+    ({"input_ids": [True, 2], "loss_mask": [0, 1]}, records.BAD_TOKENS),
+    ({"input_ids": [1, [2]], "loss_mask": [0, 1]}, records.BAD_TOKENS),  # simdjson would flatten this
+    ({"input_ids": [1, 2**64], "loss_mask": [0, 1]}, records.ID_OUT_OF_RANGE),
+    ({"loss_mask": [0, 1]}, records.NO_TOKENS),
 ])
 def test_bad_tokenized_records(tmp_path, record, reason):
     path = tmp_path / "t.jsonl"
@@ -93,8 +93,8 @@ def test_simdjson_and_json_paths_give_the_same_records(tmp_path, monkeypatch):
     assert [v[0] for v in view(fast)] == ["TokenRecord", "TokenRecord", "Rejected", "Rejected", "TokenRecord",
                                           "Rejected", "Rejected", "Rejected", "TokenRecord"]
     assert [i.reason for i in fast if isinstance(i, Rejected)] == [
-        readers.MASK_NOT_BINARY, readers.MALFORMED_JSON, readers.INVALID_UTF8, readers.ID_OUT_OF_RANGE,
-        readers.NO_TOKENS]
+        records.MASK_NOT_BINARY, records.MALFORMED_JSON, records.INVALID_UTF8, records.ID_OUT_OF_RANGE,
+        records.NO_TOKENS]
     assert fast[-1].loss_mask.tolist() == [0, 1]  # a boolean mask is a mask
 
 
@@ -159,3 +159,75 @@ def test_missing_empty_and_blank_files(tmp_path):
     (tmp_path / "bad.jsonl.gz").write_text("not gzip")
     with pytest.raises(InputError, match="cannot read"):
         _lines(tmp_path / "bad.jsonl.gz", "messages")
+
+
+# --- unreadable files: an InputError naming the file, never a traceback (issue 15) ------------------------------
+def _gz(tmp_path, lines: int = 2000) -> tuple[str, bytes]:
+    data = gzip.compress(b"".join(json.dumps(GOOD).encode() + b"\n" for _ in range(lines)), mtime=0)
+    return str(tmp_path / "d.jsonl.gz"), data
+
+
+@pytest.mark.parametrize("damage", ["truncate", "crc", "not_gzip"])
+def test_truncated_or_corrupt_gzip_is_refused_naming_the_file(tmp_path, damage):
+    path, data = _gz(tmp_path)
+    data = {"truncate": data[: len(data) // 2], "crc": data[:-8] + bytes(8), "not_gzip": b"plain text\n"}[damage]
+    open(path, "wb").write(data)
+    for read in (lambda: readers.count_records(path, "s3://b/d.jsonl.gz"),
+                 lambda: list(read_records(path, "messages", display="s3://b/d.jsonl.gz"))):
+        with pytest.raises(InputError, match="truncated or corrupt") as e:
+            read()
+        assert e.value.file == "s3://b/d.jsonl.gz"
+
+
+def _parquet(tmp_path, table) -> tuple[str, bytes]:
+    path = tmp_path / "d.parquet"
+    pq.write_table(table, path)
+    return str(path), path.read_bytes()
+
+
+MESSAGES_JSON = json.dumps(GOOD["messages"])
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda data: b"this is not parquet", "not a readable Parquet file"),
+    (lambda data: data[: len(data) // 2], "not a readable Parquet file"),
+    (lambda data: data[:4] + b"\xff" * 8 + data[12:], "cannot be read after row 0"),  # first page header
+    (lambda data: data.replace(b"messages", b"\x92essages"), "not a readable Parquet file"),  # was UnicodeDecodeError
+])
+def test_corrupt_parquet_is_refused_naming_the_file(tmp_path, damage, expected):
+    path, data = _parquet(tmp_path, pa.table({"messages": [MESSAGES_JSON] * 3}))
+    open(path, "wb").write(damage(data))
+    with pytest.raises(InputError, match=expected) as e:
+        list(read_records(path, "messages"))
+    assert e.value.file == path
+    if "after row" not in expected:  # the footer is unreadable: the count the stage takes first says so too
+        with pytest.raises(InputError, match=expected):
+            readers.count_records(path)
+
+
+def test_a_parquet_string_that_is_not_utf8_rejects_its_row_only(tmp_path):
+    raw = pa.array([MESSAGES_JSON.encode(), b'[{"role": "user", "content": "caf\xe9"}]', MESSAGES_JSON.encode()])
+    path, _ = _parquet(tmp_path, pa.table({"messages": raw.view(pa.string())}))  # Arrow does not check UTF-8 here
+    items = _lines(path, "messages")
+    assert [type(i) for i in items] == [Conversation, Rejected, Conversation]
+    assert (items[1].line, items[1].reason) == (2, records.INVALID_UTF8)
+
+
+def test_parquet_values_that_are_not_json_are_rejected(tmp_path):
+    # a binary field in tools reached json.dumps in the template rewrite: TypeError, the dataset lost
+    tools = pa.array([[{"name": "f", "blob": b"\x00"}], None])
+    path, _ = _parquet(tmp_path, pa.table({"messages": [MESSAGES_JSON] * 2, "tools": tools}))
+    items = _lines(path, "messages")
+    assert (type(items[0]), items[0].reason) == (Rejected, records.NOT_JSON_VALUE)
+    assert isinstance(items[1], Conversation)
+
+
+def test_a_key_spelled_with_escapes_cannot_make_the_two_paths_disagree(tmp_path, monkeypatch):
+    # simdjson took the first "input_ids" and json.loads the last ("input\u005fids" is the same key)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"input_ids": [1, 2], "loss_mask": [0, 1], "input\\u005fids": 5}\n'
+                     b'{"input\\u005fids": [1, 2], "loss_mask": [0, 1], "note": "a\\nb"}\n')
+    fast = [(type(i).__name__, getattr(i, "reason", None)) for i in _lines(path, "tokenized", vocab_size=100)]
+    monkeypatch.setattr(readers._FastTokens, "__call__", lambda self, raw: None)
+    slow = [(type(i).__name__, getattr(i, "reason", None)) for i in _lines(path, "tokenized", vocab_size=100)]
+    assert fast == slow == [("Rejected", records.BAD_TOKENS), ("TokenRecord", None)]

@@ -181,3 +181,98 @@ def test_chunking_does_not_change_the_output(tmp_path, chatml_dir):
                                         out=str(out), batch_size=bs))
         tables.append(pq.read_table(out / "arith" / "tokenized.parquet"))
     assert tables[0].num_rows == 300 and tables[0].equals(tables[1])
+
+
+# --- malformed input never costs more than its own line, and never a traceback (issue 15) -------------------------
+def test_unreadable_files_are_input_errors_naming_the_file(tmp_path, chatml_dir):
+    # the record count was taken before the guarded reader ran: EOFError / ArrowInvalid without the file's name
+    import gzip
+
+    data = gzip.compress(b"".join(json.dumps(conv(i)).encode() + b"\n" for i in range(500)))
+    (tmp_path / "a.jsonl.gz").write_bytes(data[: len(data) // 2])
+    (tmp_path / "b.parquet").write_bytes(b"PAR1 this is not parquet PAR1")
+    for name in ("a.jsonl.gz", "b.parquet"):
+        src = str(tmp_path / name)
+        with pytest.raises(InputError) as e:
+            tokenize_dataset(config(tmp_path, src, chatml_dir))
+        assert e.value.file == src
+
+
+def test_one_bad_string_costs_one_line_not_the_dataset(tmp_path, chatml_dir):
+    # "\ud800" reached encode_batch, whose TypeError failed the whole dataset
+    q, a = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
+    bad = [
+        {"messages": [{"role": "user", "content": "caf\ud800"}, a]},
+        {"messages": [q, {"role": "assistant", "content": "a", "reasoning_content": "\udc00"}]},
+        {"messages": [q, {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "f", "arguments": json.dumps({"city": "\ud800"})}}]}]},
+        {"messages": [q, a], "tools": [{"type": "function", "function": {"name": "f", "description": "\ud800"}}]},
+        {"messages": [{"role": ["user"], "content": "q"}, a]},  # was TypeError: unhashable type
+        {"messages": "[" * 50_000 + "]" * 50_000},  # was RecursionError
+    ]
+    src = write_jsonl(tmp_path / "a.jsonl", [conv(i) for i in range(10)] + bad)  # json.dumps escapes the surrogates
+    summary = tokenize_dataset(config(tmp_path, src, chatml_dir, max_reject_share=0.5))
+    assert (summary["samples"], summary["rejected"]) == (10, 6)
+    rejects = [json.loads(x) for x in (tmp_path / "prep" / "arith" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["reason"]) for r in rejects] == [
+        (11, "lone UTF-16 surrogate"), (12, "lone UTF-16 surrogate"), (13, "lone UTF-16 surrogate"),
+        (14, "lone UTF-16 surrogate"), (15, "unknown role"), (16, "nested too deeply")]
+
+
+def _three_datasets(tmp_path) -> str:
+    for name in ("a", "b", "c"):
+        write_jsonl(tmp_path / f"{name}.jsonl", [conv(i) for i in range(3)])
+    (tmp_path / "m.yaml").write_text("datasets:\n" + "".join(
+        f"  - {{name: {n}, source: {n}.jsonl, format: messages}}\n" for n in "abc"))
+    return str(tmp_path / "m.yaml")
+
+
+def _failing(monkeypatch, errors: dict):
+    """tokenize_dataset raising ``errors[name]`` for those datasets; returns the names it ran."""
+    from eagle3.tokenize import stage
+
+    real, ran = stage.tokenize_dataset, []
+
+    def fake(cfg):
+        ran.append(cfg.name)
+        if cfg.name in errors:
+            raise errors[cfg.name]
+        return real(cfg)
+
+    monkeypatch.setattr(stage, "tokenize_dataset", fake)
+    return ran
+
+
+def test_an_unexpected_error_does_not_skip_the_other_datasets(tmp_path, chatml_dir, monkeypatch):
+    from eagle3.tokenize.stage import TokenizeFailed
+
+    manifest = _three_datasets(tmp_path)
+    bug = KeyError("boom")
+    ran = _failing(monkeypatch, {"a": bug, "b": InputError("bad line", file="b.jsonl")})
+    with pytest.raises(TokenizeFailed) as e:
+        tokenize(TokenizeConfig(manifest=manifest, model=chatml_dir, out=str(tmp_path / "prep")))
+    assert ran == ["a", "b", "c"] and os.path.exists(tmp_path / "prep" / "c" / "fingerprint.json")
+    assert not isinstance(e.value, InputError) and e.value.__cause__ is bug  # a bug is not dressed up as bad input
+    assert set(e.value.failures) == {"a", "b"}
+    assert "2 of 3 dataset(s) failed" in str(e.value) and "a: KeyError: 'boom'" in str(e.value)
+    assert "b: b.jsonl: bad line" in str(e.value)
+
+
+def test_only_input_errors_give_one_input_error(tmp_path, chatml_dir, monkeypatch):
+    ran = _failing(monkeypatch, {"b": InputError("bad line", file="b.jsonl")})
+    with pytest.raises(InputError, match=r"1 of 3 dataset\(s\) failed:\n  b: b.jsonl: bad line"):
+        tokenize(TokenizeConfig(manifest=_three_datasets(tmp_path), model=chatml_dir, out=str(tmp_path / "prep")))
+    assert ran == ["a", "b", "c"]
+
+
+def test_out_of_memory_is_raised_at_once_and_unchanged(tmp_path, chatml_dir, monkeypatch):
+    from eagle3.errors import GpuOutOfMemory
+
+    oom = MemoryError()
+    ran = _failing(monkeypatch, {"b": oom})
+    with pytest.raises(MemoryError) as e:
+        tokenize(TokenizeConfig(manifest=_three_datasets(tmp_path), model=chatml_dir, out=str(tmp_path / "prep")))
+    assert e.value is oom and ran == ["a", "b"]
+    _failing(monkeypatch, {"a": GpuOutOfMemory("oom")})
+    with pytest.raises(GpuOutOfMemory):
+        tokenize(TokenizeConfig(manifest=_three_datasets(tmp_path), model=chatml_dir, out=str(tmp_path / "prep")))
