@@ -97,17 +97,44 @@ def export_tensors(state: dict[str, Any], dtype: str, where: str) -> dict[str, A
     return out
 
 
-def sglang_config(cfg, dtype: str) -> dict[str, Any]:
-    """config.json for SGLang's LlamaForCausalLMEagle3.
+def engine_aux_layer_ids(trained: list[int]) -> dict[str, Any]:
+    """The aux-layer keys of the draft's config.json, right for both engines.
 
-    `eagle_aux_hidden_state_layer_ids` holds the ids of the target layers whose
-    OUTPUT is captured, which is what ours mean (hidden_states[i+1] in HF
-    terms): SGLang adds 1 itself ("for the ith layer, it takes the output of
-    the (i-1)th layer", LlamaForCausalLM.set_eagle3_layers_to_capture), so the
-    values are written unchanged. Its default with no ids, [2, L/2, L-3] as
-    layer inputs, equals our default [1, L/2-1, L-4] as outputs.
-    `tie_word_embeddings` must be false: SGLang would otherwise use the
-    embedding as lm_head (SmolLM2 itself is tied).
+    Ours are the target layers whose OUTPUT feeds the draft (hidden_states[i+1] in HF terms).
+    - SGLang reads only ``eagle_config.eagle_aux_hidden_state_layer_ids`` and adds 1 itself ("for the
+      ith layer, it takes the output of the (i-1)th layer", LlamaForCausalLM.set_eagle3_layers_to_capture):
+      the trained ids go there unchanged.
+    - vLLM (0.32, gpu_model_runner / eagle3_utils) reads a top-level ``eagle_aux_hidden_state_layer_ids``
+      first and uses it as it is, and its Llama captures ``hidden_states + residual`` BEFORE layer k for
+      id k, i.e. the output of layer k-1: the top level holds the trained ids + 1. Without it vLLM would
+      take the eagle_config values as they are and capture layers one too early (measured on the demo
+      draft: τ 1.70 instead of 1.83).
+    """
+    return {"eagle_aux_hidden_state_layer_ids": [int(i) + 1 for i in trained],
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in trained],
+                             "use_aux_hidden_state": True}}
+
+
+def trained_aux_layer_ids(config: dict, where: str) -> list[int]:
+    """The aux layer ids (layer outputs) a draft's config.json was trained on; refuses a config whose two
+    keys disagree (an edited export), since each engine would then capture other layers."""
+    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if not isinstance(ids, list) or len(ids) != 3 or not all(isinstance(i, int) for i in ids):
+        raise InputError(f"eagle_config.eagle_aux_hidden_state_layer_ids must list 3 layer ids, got {ids!r}; "
+                         "re-export the draft with `eagle3 export`", file=where)
+    top = config.get("eagle_aux_hidden_state_layer_ids")
+    if top is not None and top != [i + 1 for i in ids]:
+        raise InputError(f"eagle_aux_hidden_state_layer_ids {top} (vLLM's, layer inputs) does not equal "
+                         f"eagle_config's {ids} + 1 (SGLang's, layer outputs); re-export the draft", file=where)
+    return ids
+
+
+def draft_config_json(cfg, dtype: str) -> dict[str, Any]:
+    """config.json of the exported draft: SGLang's and vLLM's LlamaForCausalLMEagle3.
+
+    The aux layer ids: :func:`engine_aux_layer_ids`. SGLang's default with no ids, [2, L/2, L-3] as
+    layer inputs, equals our default [1, L/2-1, L-4] as outputs. `tie_word_embeddings` must be false:
+    SGLang would otherwise use the embedding as lm_head (SmolLM2 itself is tied).
     """
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
@@ -129,10 +156,7 @@ def sglang_config(cfg, dtype: str) -> dict[str, Any]:
         "attention_bias": False,
         "mlp_bias": False,
         "torch_dtype": dtype,
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-            "use_aux_hidden_state": True,
-        },
+        **engine_aux_layer_ids(list(cfg.aux_layer_ids)),
     }
 
 
@@ -150,7 +174,7 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
                          f"but the draft config says vocab_size {draft_cfg.vocab_size} (the target's lm_head rows, "
                          f"which SGLang and vLLM index t2d over) and draft_vocab_size {draft_cfg.draft_vocab_size}")
     blob = save(tensors, metadata={"format": "pt", "source": step_dir})
-    config = sglang_config(draft_cfg, cfg.dtype)
+    config = draft_config_json(draft_cfg, cfg.dtype)
     # Weights first, config last: a DRAFT with a config.json is complete.
     sha = storage.write_bytes(storage.join(cfg.out, "model.safetensors"), blob)
     storage.write_json(storage.join(cfg.out, "config.json"), config)
@@ -179,7 +203,7 @@ def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
         rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_theta"], rope_scaling=c.get("rope_scaling"),
         max_position_embeddings=c["max_position_embeddings"], vocab_size=c["vocab_size"],
         draft_vocab_size=c["draft_vocab_size"],
-        aux_layer_ids=tuple(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+        aux_layer_ids=tuple(trained_aux_layer_ids(c, storage.join(draft_dir, "config.json"))),
         hidden_act=c.get("hidden_act", "silu"),
     )
     raw = load_file(storage.local_path(storage.join(draft_dir, "model.safetensors")))

@@ -21,15 +21,6 @@ from eagle3.evaluate.config import EvaluateConfig
 log = logging.getLogger(__name__)
 
 
-def draft_aux_layers(draft_config: dict, where: str) -> list[int]:
-    """The aux layer ids an exported draft was trained on (SGLang: layer *outputs*)."""
-    ids = (draft_config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if not isinstance(ids, list) or len(ids) != 3:
-        raise InputError(f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids must list 3 layer ids, got "
-                         f"{ids!r}; re-export the draft with `eagle3 export`")
-    return [int(i) for i in ids]
-
-
 def offline_sim_accept_len(checkpoint: str) -> dict | None:
     """The trainer's last held-out estimate (CKPT/metrics.jsonl), shown beside the measured τ."""
     from eagle3.checkpoint import last_eval
@@ -45,7 +36,7 @@ def _load(cfg: EvaluateConfig, device: str):
     from eagle3 import target as target_mod
     from eagle3.draft.build import load_target_embedding
     from eagle3.evaluate.spec_decode import Eagle3DraftStepper, TargetRunner
-    from eagle3.export import load_exported_draft
+    from eagle3.export import load_exported_draft, trained_aux_layer_ids
 
     target_dir = target_mod.resolve_model(cfg.model)
     draft_dir = storage.local_dir(cfg.draft)
@@ -53,7 +44,7 @@ def _load(cfg: EvaluateConfig, device: str):
     if not storage.exists(draft_cfg_path):
         raise InputError(f"--draft {cfg.draft!r} has no config.json; point it at an `eagle3 export` output")
     draft_cfg = storage.read_json(draft_cfg_path)
-    aux_ids = draft_aux_layers(draft_cfg, draft_cfg_path)
+    aux_ids = trained_aux_layer_ids(draft_cfg, draft_cfg_path)
     tokenizer = target_mod.load_tokenizer(target_dir)
     model = target_mod.load_model(target_dir, device=device)
     vocab_size = target_mod.vocab_size(target_dir)

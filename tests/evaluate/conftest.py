@@ -14,7 +14,7 @@ def export_draft(target_dir: str, out: Path, init: str = "random", vd: int = 409
 
     from eagle3.draft.build import build_draft
     from eagle3.draft.config import DraftConfig
-    from eagle3.export import export_tensors, sglang_config
+    from eagle3.export import draft_config_json, export_tensors
 
     cfg = DraftConfig.from_target_dir(target_dir, draft_vocab_size=vd, aux_layer_ids=aux)
     d2t = torch.zeros(vd, dtype=torch.long)  # draft id i -> target id i: the first Vd ids
@@ -23,7 +23,7 @@ def export_draft(target_dir: str, out: Path, init: str = "random", vd: int = 409
     draft = build_draft(cfg, target_dir, d2t, t2d, init=init, seed=1)
     out.mkdir(parents=True, exist_ok=True)
     save_file(export_tensors(draft.state_dict(), "float32", "test"), str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(sglang_config(cfg, "float32")))
+    (out / "config.json").write_text(json.dumps(draft_config_json(cfg, "float32")))
     return str(out)
 
 

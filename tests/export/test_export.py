@@ -51,6 +51,27 @@ def test_export_layout_and_config(tmp_path):
     assert {"rope_theta", "rms_norm_eps", "max_position_embeddings", "intermediate_size"} <= set(cfg)
 
 
+@pytest.mark.parametrize("trained", [[1, 3, 4], [0, 2, 5]])
+def test_aux_layer_ids_are_right_for_both_engines(tmp_path, trained):
+    """Trained on the OUTPUTS of layers `trained`. SGLang reads eagle_config and adds 1 (so: as trained);
+    vLLM reads the top-level key first and captures the input of layer k for id k (so: trained + 1).
+    Hand-computed for each engine; the export before this test had no top-level key, so vLLM captured
+    every layer one too early."""
+    model = make_tiny_draft(aux_layer_ids=tuple(trained))
+    write_checkpoint(tmp_path / "ckpt", model)
+    export(ExportConfig(checkpoint=str(tmp_path / "ckpt"), out=str(tmp_path / "draft")))
+    cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
+    sglang_inputs = [i + 1 for i in cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]  # SGLang adds 1
+    vllm_inputs = cfg["eagle_aux_hidden_state_layer_ids"]  # vLLM takes the top level as it is
+    # Both capture the input of layer k, which is the output of layer k-1.
+    assert [k - 1 for k in sglang_inputs] == [k - 1 for k in vllm_inputs] == trained
+    # A config whose two keys disagree (edited by hand) is refused instead of silently capturing other layers.
+    cfg["eagle_aux_hidden_state_layer_ids"] = trained
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match="does not equal"):
+        load_exported_draft(str(tmp_path / "draft"), model.embed_weight)
+
+
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-6), ("bfloat16", 5e-2)])
 def test_reloaded_export_reproduces_trainer_logits(tmp_path, dtype, tol):
     model = make_tiny_draft()
