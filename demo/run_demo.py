@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+DAG_ID = "eagle3_train"
 
 # Sized for 15 minutes on 2 CPU cores; see README "The demo".
 DEMO_CONF = {
@@ -64,7 +65,7 @@ def main() -> int:
     log_path = demo_dir / "dags_test.log"
     print(f"running `airflow dags test eagle3_train` (full log: {log_path})", flush=True)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([str(bin_dir / "airflow"), "dags", "test", "eagle3_train", "-c", json.dumps(conf)],
+        proc = subprocess.Popen([str(bin_dir / "airflow"), "dags", "test", DAG_ID, "-c", json.dumps(conf)],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             log.write(line)
@@ -78,20 +79,22 @@ def main() -> int:
 
 
 def summarize(artifacts: Path) -> int:
-    runs = sorted((artifacts / "runs" / "eagle3_train").glob("*"), key=lambda p: p.stat().st_mtime)
-    if not runs:
+    from eagle3.layout import RunLayout, runs
+
+    found = sorted(Path(runs(str(artifacts), DAG_ID)).glob("*"), key=lambda p: p.stat().st_mtime)
+    if not found:
         print("no run folder found")
         return 1
-    run = runs[-1]
-    table = run / "stats" / "stats_table.txt"
+    run = {k: Path(v) for k, v in RunLayout(str(artifacts), DAG_ID, found[-1].name).paths().items()}
+    table = run["stats"] / "stats_table.txt"
     if table.exists():
         print("\n--- dataset statistics ---\n" + table.read_text())
-    verify = run / "merged" / "verify.json"
+    verify = run["merged"] / "verify.json"
     if verify.exists():
         v = json.loads(verify.read_text())
         print(f"--- verify gate: {'PASSED' if v['passed'] else 'FAILED'} "
               f"({sum(c['passed'] for c in v['checks'])}/{len(v['checks'])} checks) ---")
-    report = run / "eval" / "report.json"
+    report = run["eval"] / "report.json"
     if report.exists():
         r = json.loads(report.read_text())
         sim = r.get("sim_accept_len_k")
@@ -108,8 +111,8 @@ def summarize(artifacts: Path) -> int:
         if sim:
             print(f"trainer's offline estimate on its held-out split: tau {sim:.3f}")
         print(f"lossless (every prompt of every set) = {r['lossless']}")
-    html = run / "report" / "report.html"
-    print(f"report: {html if html.exists() else run / 'report'}")
+    html = run["report"] / "report.html"
+    print(f"report: {html if html.exists() else run['report']}")
     return 0 if report.exists() else 1
 
 

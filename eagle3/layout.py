@@ -87,6 +87,11 @@ def check_id(kind: str, value: str) -> str:
     return value
 
 
+def runs(root: str, dag_id: str) -> str:
+    """The folder holding one sub-folder per run of ``dag_id``."""
+    return join(root, "runs", dag_id)
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """The folders of one DAG run under a storage root."""
@@ -97,7 +102,7 @@ class RunLayout:
 
     @property
     def dir(self) -> str:
-        return join(self.root, "runs", self.dag_id, self.run_id)
+        return join(runs(self.root, self.dag_id), self.run_id)
 
     def folder(self, name: str) -> str:
         if name in SHARED_FOLDERS:
