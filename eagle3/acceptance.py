@@ -66,3 +66,84 @@ def ordered_sets(report: dict) -> list[tuple[str, dict]]:
         return [(str(report.get("prompts_source")), report)]
     order = [n for n in report.get("set_order") or [] if n in sets]
     return [(n, sets[n]) for n in order + sorted(set(sets) - set(order))]
+
+
+# -- per-prompt counts, intervals, and agreement between two decoders -----------------------------------------
+# One record per prompt: {"verifications", "emitted", "reached": [r_1..r_k], "accepted": [a_1..a_k]}. Any engine's
+# figures reduce to it (the project decoder from its trace, vLLM from its per-request counter deltas), so τ and the
+# per-position rates of two engines are computed, and compared, the same way.
+
+def prompt_counts(steps: Iterable[Any], max_steps: int) -> dict:
+    """The per-prompt record of one decode's verification trace."""
+    rows = [_fields(s) for s in steps]
+    return {"verifications": len(rows), "emitted": sum(e for _, _, e in rows),
+            "reached": [sum(1 for k, a, _ in rows if k >= i and a >= i - 1) for i in range(1, max_steps + 1)],
+            "accepted": [sum(1 for k, a, _ in rows if k >= i and a >= i) for i in range(1, max_steps + 1)]}
+
+
+def tau_of(counts: list[dict]) -> float:
+    """τ over prompts: Σ emitted / Σ verifications (0.0 without verifications)."""
+    v = sum(c["verifications"] for c in counts)
+    return sum(c["emitted"] for c in counts) / v if v else 0.0
+
+
+def rates_of(counts: list[dict]) -> list[float | None]:
+    """P(position i accepted | reached) over prompts, i = 1..k."""
+    k = max((len(c["reached"]) for c in counts), default=0)
+    out: list[float | None] = []
+    for i in range(k):
+        reached = sum(c["reached"][i] for c in counts if i < len(c["reached"]))
+        out.append(sum(c["accepted"][i] for c in counts if i < len(c["accepted"])) / reached if reached else None)
+    return out
+
+
+def _stats(counts: list[dict]) -> list[float | None]:
+    return [tau_of(counts), *rates_of(counts)]
+
+
+def bootstrap_intervals(counts: list[dict], level: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
+    """τ and each position's rate with a percentile bootstrap interval over prompts (resampled with replacement)."""
+    import random
+
+    rng = random.Random(seed)
+    n = len(counts)
+    draws = [_stats([counts[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples)] if n else []
+    point = _stats(counts)
+
+    def interval(j: int) -> list[float] | None:
+        values = sorted(d[j] for d in draws if d[j] is not None)
+        if not values:
+            return None
+        lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
+        return [values[int(lo * (len(values) - 1))], values[int(hi * (len(values) - 1))]]
+
+    return {"prompts": n, "level": level, "tau": point[0], "tau_interval": interval(0),
+            "accept_rate_by_position": point[1:], "rate_intervals": [interval(j) for j in range(1, len(point))]}
+
+
+def paired_agreement(a: list[dict], b: list[dict], level: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
+    """Do two decoders reach the same acceptance on the same prompts? The prompts are resampled together (a paired
+    bootstrap of τ_a - τ_b and of each position's rate difference); a difference whose interval excludes 0 is a
+    disagreement larger than the prompts allow, the sign of a convention mismatch between the engines (aux layers,
+    d2t, norms, rotary) rather than noise."""
+    import random
+
+    if len(a) != len(b):
+        raise ValueError(f"paired agreement needs the same prompts: {len(a)} vs {len(b)} records")
+    rng = random.Random(seed)
+    n = len(a)
+    diffs = []
+    for _ in range(resamples if n else 0):
+        idx = [rng.randrange(n) for _ in range(n)]
+        sa, sb = _stats([a[i] for i in idx]), _stats([b[i] for i in idx])
+        diffs.append([x - y if x is not None and y is not None else None for x, y in zip(sa, sb)])
+    pa, pb = _stats(a), _stats(b)
+    point = [x - y if x is not None and y is not None else None for x, y in zip(pa, pb)]
+    lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
+    out = []
+    for j, d in enumerate(point):
+        values = sorted(x[j] for x in diffs if j < len(x) and x[j] is not None)
+        iv = [values[int(lo_q * (len(values) - 1))], values[int(hi_q * (len(values) - 1))]] if values else None
+        out.append({"difference": d, "interval": iv, "agree": iv is None or iv[0] <= 0 <= iv[1]})
+    return {"prompts": n, "level": level, "tau": out[0], "by_position": out[1:],
+            "agree": all(x["agree"] for x in out)}
