@@ -14,6 +14,7 @@ Killed and re-run with the same --out, it resumes (finished conversations are ke
 
 from eagle3.config import stage_cli
 from eagle3.regenerate import RegenerateConfig, regenerate
+from eagle3.devices import PRECISIONS
 from eagle3.regenerate.config import BACKENDS
 
 
@@ -25,6 +26,6 @@ def _brief(cfg: RegenerateConfig) -> dict:
 
 
 add_arguments, run = stage_cli(
-    RegenerateConfig, _brief, skip=("extra_body",), choices={"backend": BACKENDS},
+    RegenerateConfig, _brief, skip=("extra_body",), choices={"backend": BACKENDS, "precision": PRECISIONS},
     aliases={"datasets": ["--dataset"], "timeout_s": ["--timeout"], "price_prompt_per_m": ["--price-prompt"],
              "price_completion_per_m": ["--price-completion"]})
