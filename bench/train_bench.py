@@ -1,17 +1,25 @@
-"""Training benchmark: draft tokens/s and the achieved fraction of fp32 matmul peak.
+"""Training benchmark: draft tokens/s per compute precision and the achieved fraction of the best matmul peak.
 
-SmolLM2-sized draft (H=576, I=1536, 9 heads, 3 kv heads, V=49152) on synthetic
-data, one optimizer step per iteration exactly as the loop runs a micro-batch:
-target_from_last (the target's lm_head over `last`, forward only), ttt_forward
-over --ttt-length steps, backward, grad clip, AdamW. Peak = a big torch.mm in
-the same run, same dtype (fp32), same threads.
+SmolLM2-sized draft (H=576, I=1536, 9 heads, 3 kv heads, V=49152) on synthetic data,
+one optimizer step per iteration exactly as the loop runs a micro-batch:
+target_from_last (the target's lm_head over `last`, forward only, fp32), ttt_forward
+over --ttt-length steps, backward, grad clip, AdamW (fp32 master weights). Each
+precision of --precisions runs side by side in one process: float32 without autocast,
+bfloat16 under bf16 autocast (what eagle3.train.loop does where the policy says bf16).
+Peaks: the fp32 and the bf16 torch.mm peaks (eagle3.devices.mm_peaks), measured in the
+same run before and after the steps; every fraction is of the BEST of them (the larger
+of the two peaks), so a run that leaves a faster matrix engine idle shows it.
+
+A precision whose peak is under 10% of the best (bf16 on an AVX2-only CPU: ~1 GFLOP/s)
+runs a reduced shape (1 row of seq-len/8, one timed step) so the bench stays short.
 
 Counted FLOPs per token (2*m*n*k per matmul, backward = 2x forward, so train = 3x):
   per TTT step: q/k/v (2H in), o, MLP gate/up/down, draft lm_head (H x Vd); fc (3H -> H) at step 0 only;
   once: target lm_head (H x V, forward only, no grad).
 Attention score/value products (O(T^2)) are NOT counted, so the fraction is a lower bound.
 
-usage: .venv/bin/python bench/train_bench.py [--vd 8192] [--rows 4] [--seq-len 512] [--ttt-length 7] [--iters 3]
+usage: .venv/bin/python bench/train_bench.py [--precisions float32,bfloat16] [--vd 8192] [--rows 4]
+       [--seq-len 512] [--ttt-length 7] [--iters 3]
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from eagle3.devices import best_peak, check_precision, is_slow_path, mm_peaks, resolve_precision  # noqa: E402
 from eagle3.draft import DraftConfig, Eagle3Draft  # noqa: E402
 from eagle3.draft.ttt import target_from_last, ttt_forward  # noqa: E402
 
@@ -50,13 +59,6 @@ def timed(fn, device: str, repeat: int) -> tuple[float, float]:
     return wall, cpu
 
 
-def matmul_peak(device: str, n: int = 2048, repeat: int = 5) -> tuple[float, float]:
-    """fp32 GFLOP/s of an n x n x n torch.mm: (by wall time, by process CPU time)."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    wall, cpu = timed(lambda: a @ b, device, repeat)
-    return 2 * n**3 / wall / 1e9, 2 * n**3 / cpu / 1e9
-
-
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -70,38 +72,32 @@ def flops_per_token(vd: int, ttt_length: int) -> dict[str, float]:
     return {"draft_train": 3 * draft_fwd, "target_head": 2 * H * V}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vd", type=int, default=8192, help="draft vocab (8192 or 32000)")
-    ap.add_argument("--rows", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--ttt-length", type=int, default=7)
-    ap.add_argument("--iters", type=int, default=3)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA; the loop's GPU setting)")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    args = ap.parse_args()
-    dev = args.device
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def build(vd: int, dev: str):
+    """The draft, the target head and the optimizer, seeded (the same for every precision)."""
     torch.manual_seed(0)
     cfg = DraftConfig(hidden_size=H, intermediate_size=I, num_attention_heads=HEADS, num_key_value_heads=KV,
                       head_dim=H // HEADS, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=8192,
-                      vocab_size=V, draft_vocab_size=args.vd, aux_layer_ids=(1, 14, 26))
-    d2t = torch.randperm(V)[: args.vd].sort().values - torch.arange(args.vd)
+                      vocab_size=V, draft_vocab_size=vd, aux_layer_ids=(1, 14, 26))
+    d2t = torch.randperm(V)[:vd].sort().values - torch.arange(vd)
     t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[torch.arange(args.vd) + d2t] = True
+    t2d[torch.arange(vd) + d2t] = True
     draft = Eagle3Draft(cfg, torch.randn(V, H) * 0.02, d2t, t2d).to(dev)
     for p in draft.parameters():
         torch.nn.init.normal_(p, std=0.02) if p.dim() > 1 else torch.nn.init.ones_(p)
     head = (torch.randn(V, H) * 0.05).to(dev)
-    opt = torch.optim.AdamW(draft.parameters(), lr=1e-4, betas=(0.9, 0.95))
-    b, t = args.rows, args.seq_len
+    return draft, head, torch.optim.AdamW(draft.parameters(), lr=1e-4, betas=(0.9, 0.95))
+
+
+def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters: int) -> dict:
+    """One precision's timed optimizer steps: {tokens_per_s, step_wall_s, step_cpu_s, counted GFLOP/s}."""
+    draft, head, opt = build(args.vd, dev)
+    b, t = rows, seq_len
     batch = {"input_ids": torch.randint(0, V, (b, t), device=dev), "aux": torch.randn(b, t, 3 * H, device=dev),
              "last": torch.randn(b, t, H, device=dev), "loss_mask": torch.ones(b, t, dtype=torch.long, device=dev)}
+    device_type = torch.device(dev).type
 
     def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
             with torch.no_grad():
                 logits, in_draft = target_from_last(batch["last"], head, draft.d2t, draft.t2d)
             res = ttt_forward(draft, batch["input_ids"], batch["aux"], logits, torch.ones_like(in_draft),
@@ -111,27 +107,70 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
         opt.step()
 
-    peak_wall, peak_cpu = matmul_peak(dev)
-    sec, cpu_sec = timed(step, dev, args.iters)
-    peak_wall = max(peak_wall, matmul_peak(dev)[0])  # again after the steps: the machine may be shared
+    sec, cpu_sec = timed(step, dev, iters)
     tokens = b * t
     f = flops_per_token(args.vd, args.ttt_length)
     counted = (f["draft_train"] + f["target_head"]) * tokens
+    return {"precision": precision, "rows": b, "seq_len": t, "iters": iters, "step_wall_s": round(sec, 3),
+            "step_cpu_s": round(cpu_sec, 3), "tokens_per_s": round(tokens / sec, 1),
+            "counted_gflops_wall": counted / sec / 1e9, "counted_gflops_cpu": counted / cpu_sec / 1e9,
+            "draft_gflops_cpu": f["draft_train"] * tokens / cpu_sec / 1e9}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--precisions", default="float32,bfloat16",
+                    help="comma-separated compute precisions to run side by side (float32, bfloat16)")
+    ap.add_argument("--vd", type=int, default=8192, help="draft vocab (8192 or 32000)")
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--ttt-length", type=int, default=7)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    args = ap.parse_args()
+    dev = args.device
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    precisions = [check_precision(p.strip(), "--precisions") for p in args.precisions.split(",") if p.strip()]
+    policy = resolve_precision("auto", dev)
+    on_cpu = dev == "cpu"
+
+    before = mm_peaks(dev)
+    runs = []
+    for p in precisions:
+        slow = is_slow_path(before, p, cpu_time=on_cpu)
+        rows, seq_len, iters = (1, max(16, args.seq_len // 8), 1) if slow else (args.rows, args.seq_len, args.iters)
+        runs.append({**run_precision(p, args, dev, rows, seq_len, iters), "reduced_shape": slow})
+    peaks = mm_peaks(dev, cpu_time=on_cpu, earlier=before)  # again after the steps: the machine may be shared
+    rate = (lambda pk: pk.gflops_cpu) if on_cpu else (lambda pk: pk.gflops)
+    best = best_peak(peaks, cpu_time=on_cpu)
+    for r in runs:
+        achieved = r["counted_gflops_cpu"] if on_cpu else r["counted_gflops_wall"]
+        r["fraction_of_best_peak"] = round(achieved / rate(best), 3)
+        r["fraction_of_own_peak"] = round(achieved / rate(peaks[r["precision"]]), 3)
+        r["draft_only_fraction_of_best_peak"] = round(r["draft_gflops_cpu"] / rate(best), 3) if on_cpu else None
+        for k in ("counted_gflops_wall", "counted_gflops_cpu", "draft_gflops_cpu"):
+            r[k] = round(r[k], 1)
     out = {
-        "device": dev, "threads": torch.get_num_threads(), "bf16_autocast": args.bf16, "vd": args.vd,
-        "rows": b, "seq_len": t, "ttt_length": args.ttt_length, "step_wall_s": round(sec, 3),
-        "step_cpu_s": round(cpu_sec, 3), "tokens_per_s": round(tokens / sec, 1),
-        "matmul_peak_gflops_wall": round(peak_wall, 1), "matmul_peak_gflops_cpu": round(peak_cpu, 1),
-        "counted_gflops_wall": round(counted / sec / 1e9, 1),
-        "fraction_of_peak_wall": round(counted / sec / 1e9 / peak_wall, 3),
-        "fraction_of_peak_cpu": round(counted / cpu_sec / 1e9 / peak_cpu, 3),
-        "draft_only_fraction_of_peak_cpu": round(f["draft_train"] * tokens / cpu_sec / 1e9 / peak_cpu, 3),
-        "gflop_per_token": {k: round(v / 1e9, 4) for k, v in f.items()},
+        "device": dev, "threads": torch.get_num_threads(), "vd": args.vd, "ttt_length": args.ttt_length,
+        "policy": policy.to_dict(), "peak_basis": "process CPU time" if on_cpu else "wall time",
+        "peaks": {d: pk.to_dict() for d, pk in peaks.items()}, "best_peak": best.dtype,
+        "peaks_before": {d: pk.to_dict() for d, pk in before.items()},
+        "runs": runs,
+        "gflop_per_token": {k: round(v / 1e9, 4) for k, v in flops_per_token(args.vd, args.ttt_length).items()},
     }
     print(json.dumps(out, indent=1))
-    key = "fraction_of_peak_cpu" if dev == "cpu" else "fraction_of_peak_wall"
-    print(f"train: {out['tokens_per_s']:,.0f} tok/s (wall) | counted matmuls at {100 * out[key]:.0f}% of the "
-          f"torch.mm peak ({key}; goal >= 50%)")
+    basis = "by CPU time" if on_cpu else "by wall time"
+    print(f"torch.mm peaks ({basis}): fp32 {rate(peaks['float32']):.1f} GFLOP/s (n={peaks['float32'].n}), "
+          f"bf16 {rate(peaks['bfloat16']):.1f} (n={peaks['bfloat16'].n}); best {best.dtype}. "
+          f"Policy here: {policy.name} ({policy.reason})")
+    for r in runs:
+        shape = f"{r['rows']}x{r['seq_len']}" + (" reduced: slow path" if r["reduced_shape"] else "")
+        print(f"train {r['precision']:8s} [{shape}]: {r['tokens_per_s']:,.0f} tok/s (wall) | counted matmuls "
+              f"{r['counted_gflops_cpu' if on_cpu else 'counted_gflops_wall']:.1f} GFLOP/s = "
+              f"{100 * r['fraction_of_best_peak']:.0f}% of the best peak ({best.dtype}), "
+              f"{100 * r['fraction_of_own_peak']:.0f}% of its own dtype's (goal >= 50% of the best)")
 
 
 if __name__ == "__main__":

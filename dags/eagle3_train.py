@@ -21,6 +21,7 @@ from pathlib import Path
 from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, TaskGroup, dag, task
 
 from eagle3 import layout, storage_options
+from eagle3.devices import PRECISION_SUMMARY, PRECISIONS
 from eagle3.config import DEFAULT_SEED
 from eagle3.discover import DiscoverConfig
 from eagle3.evaluate.config import BACKENDS as EVALUATE_BACKENDS
@@ -102,6 +103,9 @@ PARAMS = {
                                          title="Extraction speed estimate"),
     "extract_shards": config_param(DiscoverConfig, "extract_shards", minimum=1, maximum=1024,
                                    title="Extraction shards"),
+    "precision": config_param(ExtractConfig, "precision", enum=list(PRECISIONS), title="Compute precision",
+                              description="Of regenerate (hf), extract, train and evaluate (transformers); "
+                                          + PRECISION_SUMMARY),
     "extract_token_budget": config_param(ExtractConfig, "token_budget", minimum=64, title="Extraction token budget"),
     "train_token_budget": config_param(TrainConfig, "token_budget", minimum=64, title="Training token budget"),
     "ttt_length": config_param(TrainConfig, "ttt_length", minimum=1, maximum=16, title="TTT length"),
@@ -156,7 +160,8 @@ def eagle3_train():
         task_id="regenerate", map_index_template="{{ task.mapped.datasets[0] }}", **common,
         config={"manifest": "{{ params.manifest }}", "out": layout.regenerated(ROOT), "model": "{{ params.model }}",
                 "backend": "{{ params.regenerate_backend }}", "max_tokens": "{{ params.regenerate_max_tokens }}",
-                "seed": "{{ params.seed }}", "concurrency": "{{ params.regenerate_concurrency }}"},
+                "seed": "{{ params.seed }}", "concurrency": "{{ params.regenerate_concurrency }}",
+                "precision": "{{ params.precision }}"},
     ).expand(mapped=to_regenerate)
 
     tokenize = Eagle3StageOperator.partial(
@@ -189,7 +194,7 @@ def eagle3_train():
         task_id="extract", stage="extract", map_index_template="{{ task.mapped.shard }}", **GPU, **common,
         config={"merged": RUN.folder("merged"), "model": "{{ params.model }}", "out": layout.store(ROOT),
                 "layers": "{{ params.aux_layers }}", "storage": "{{ params.storage_option }}",
-                "token_budget": "{{ params.extract_token_budget }}"},
+                "token_budget": "{{ params.extract_token_budget }}", "precision": "{{ params.precision }}"},
     ).expand(mapped=to_extract)
 
     train = TrainOperator(
@@ -198,7 +203,8 @@ def eagle3_train():
                 "merged": RUN.folder("merged"), "vocab": RUN.folder("vocab"), "out": RUN.folder("checkpoint"),
                 "model": "{{ params.model }}", "ttt_length": "{{ params.ttt_length }}", "epochs": "{{ params.epochs }}",
                 "lr": "{{ params.lr }}", "token_budget": "{{ params.train_token_budget }}",
-                "max_steps": "{{ params.max_steps }}", "seed": "{{ params.seed }}"})
+                "max_steps": "{{ params.max_steps }}", "seed": "{{ params.seed }}",
+                "precision": "{{ params.precision }}"})
     export = Eagle3StageOperator(
         task_id="export", stage="export", **common,
         config={"checkpoint": RUN.folder("checkpoint"), "out": RUN.folder("draft")})
@@ -207,7 +213,8 @@ def eagle3_train():
         config={"model": "{{ params.model }}", "draft": RUN.folder("draft"), "checkpoint": RUN.folder("checkpoint"),
                 "out": RUN.folder("eval"), "backend": "{{ params.evaluate_backend }}",
                 "prompts": "{{ params.benchmark_prompts }}", "steps": "{{ params.steps }}",
-                "limit": "{{ params.benchmark_limit }}", "max_new_tokens": "{{ params.max_new_tokens }}"})
+                "limit": "{{ params.benchmark_limit }}", "max_new_tokens": "{{ params.max_new_tokens }}",
+                "precision": "{{ params.precision }}"})
     publish = PublishOperator(
         task_id="publish", outlets=[DRAFT_MODEL], **common,
         config={"report": layout.join(RUN.folder("eval"), "report.json"), "draft": RUN.folder("draft"),

@@ -1,4 +1,6 @@
-"""GPU leases: one flock file per device, so parallel tasks on one host each get their own GPU.
+"""Where a stage computes and in which precision: GPU leases, the device resolver, the precision policy.
+
+GPU leases: one flock file per device, so parallel tasks on one host each get their own GPU.
 
 A lease is an exclusive ``flock`` on ``<root>/gpu-<id>.lock``. The kernel drops
 a flock when its process dies (even by SIGKILL), so a crashed task cannot leak
@@ -8,13 +10,21 @@ caps how many tasks run; the lease decides WHICH device each one gets.
     with lease_device(1) as ids:   # e.g. [1]; "cpu" when there is no GPU
         ...                        # CUDA_VISIBLE_DEVICES now names only the leased GPU(s)
 
+The precision policy (``resolve_precision``, below the leases) is decided once per stage from what
+the machine has: bf16 where a matrix engine computes it (CUDA sm80+; CPUs with AMX-BF16 or
+AVX512-BF16, confirmed by a short cached torch.mm probe), fp32 elsewhere (an AVX2-only CPU runs
+bf16 matmuls ~100x slower than fp32). ``mm_peak`` is the one torch.mm peak probe, used by the
+policy and by the benches.
+
 No torch import at module level: the Airflow worker imports this before forking.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -142,3 +152,233 @@ def lease_device(n: int = 1, root: str | None = None, device_count: int | None =
             os.environ["CUDA_VISIBLE_DEVICES"] = old
         for _, f in held:
             f.close()  # closing the last descriptor drops the flock
+
+
+# ------------------------------------------------------------------ precision
+PRECISIONS = ("auto", "float32", "bfloat16")
+"""The choices of every stage's ``precision`` field (extract, train, regenerate's hf backend, evaluate's
+transformers backend): "auto" follows the machine (:func:`resolve_precision`); the others force it."""
+PRECISION_SUMMARY = ("auto: bf16 where the machine has a bf16 matrix engine (CUDA sm80+, a CPU with AMX-BF16 or "
+                     "AVX512-BF16), fp32 elsewhere (an AVX2-only CPU runs bf16 ~100x slower); or force float32 / "
+                     "bfloat16. Stored and exported formats do not change with it.")
+"""One line for help texts and the DAG's Params form."""
+PRECISION_ENV = "EAGLE3_PRECISION"
+"""float32 or bfloat16: what "auto" resolves to, whatever the machine has (tests force either path with it)."""
+PROBE_ENV = "EAGLE3_PRECISION_PROBE"
+"""0: trust the CPU flags without the measured torch.mm probe."""
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+"""CPU flags (/proc/cpuinfo, lscpu) of a bf16 matrix engine: AMX tiles, AVX512 bf16 dot products."""
+CUDA_BF16_CAPABILITY = (8, 0)
+"""bf16 tensor cores from Ampere (sm80) on; older GPUs emulate bf16."""
+PROBE_MIN_SPEEDUP = 1.5
+"""On a CPU whose flags promise a bf16 unit, bf16 is chosen only if its torch.mm runs this much faster than
+fp32 (a torch build without the oneDNN bf16 kernels would otherwise take the ~100x slower path)."""
+_PROBE_N = 512  # the policy's probe: ~3 ms in fp32 on 2 cores; well under a second even on the slow path
+
+
+def check_precision(name: str, where: str = "precision") -> str:
+    """Refuse anything but auto, float32 or bfloat16."""
+    if name in PRECISIONS:
+        return name
+    raise InputError(f"{where}={name!r}: use {', '.join(PRECISIONS)} (auto: bf16 where the machine has a bf16 "
+                     "matrix engine, fp32 elsewhere)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """A stage's compute precision and why; ``to_dict()`` is what its artifacts record."""
+
+    name: str
+    """float32 or bfloat16."""
+    requested: str
+    """The stage config's value (auto, float32 or bfloat16)."""
+    reason: str
+    """Why: the config, $EAGLE3_PRECISION, the CPU flags and probe, or the CUDA capability."""
+
+    @property
+    def bf16(self) -> bool:
+        return self.name == "bfloat16"
+
+    @property
+    def dtype(self):
+        import torch
+
+        return getattr(torch, self.name)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The CPU's feature flags: the first ``flags`` line of /proc/cpuinfo (or of ``cpuinfo``), else lscpu's."""
+    text = cpuinfo
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "flags":
+            return frozenset(value.split())
+    if cpuinfo is None and shutil.which("lscpu"):
+        try:
+            out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        return cpu_flags(out)
+    return frozenset()
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def cpu_precision(flags: frozenset[str], probe=None) -> tuple[str, str]:
+    """(precision, reason) on a CPU with ``flags``; ``probe()`` returns {dtype: torch.mm GFLOP/s} (None: trust
+    the flags). Pure, so tests can put any machine through it."""
+    units = [f for f in BF16_CPU_FLAGS if f in flags]
+    if not units:
+        return "float32", "CPU has no bf16 matrix engine (no amx_bf16/avx512_bf16 flag)"
+    if probe is None:
+        return "bfloat16", f"CPU flags {', '.join(units)}"
+    peaks = probe()
+    speedup = peaks["bfloat16"] / max(peaks["float32"], 1e-9)
+    figures = f"torch.mm bf16 {peaks['bfloat16']:.0f} vs fp32 {peaks['float32']:.0f} GFLOP/s"
+    if speedup >= PROBE_MIN_SPEEDUP:
+        return "bfloat16", f"CPU flags {', '.join(units)}; {figures}"
+    return "float32", (f"CPU flags {', '.join(units)} but {figures} (bf16 must be >= {PROBE_MIN_SPEEDUP}x "
+                       "faster)")
+
+
+def _cached_cpu_probe() -> dict[str, float]:
+    """{float32, bfloat16: GFLOP/s} of a 512^3 torch.mm, measured once per machine, torch and thread count
+    (cached in the eagle3 cache dir)."""
+    import torch
+
+    from eagle3.storage import cache_dir
+
+    key = f"{_cpu_model()}|{torch.__version__}|{torch.get_num_threads()} threads"
+    path = cache_dir() / "precision-probe.json"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key not in cache:
+        cache[key] = {d: round(mm_peak(d, max_n=_PROBE_N).gflops_cpu, 1) for d in ("float32", "bfloat16")}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache, indent=1))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # read-only cache: measure again next time
+    return cache[key]
+
+
+def resolve_precision(requested: str = "auto", device: str = "cpu") -> Precision:
+    """The compute precision of a stage running on ``device`` (a resolved device: cpu, cuda or cuda:<i>).
+
+    An explicit float32/bfloat16 wins; "auto" is $EAGLE3_PRECISION when set, else bf16 on CUDA sm80+ and on
+    CPUs with a bf16 matrix engine (flags, then the cached probe unless $EAGLE3_PRECISION_PROBE=0), else fp32.
+    """
+    check_precision(requested)
+    if requested != "auto":
+        return Precision(requested, requested, "set in the stage config")
+    forced = os.environ.get(PRECISION_ENV, "").strip()
+    if forced and forced != "auto":
+        check_precision(forced, f"${PRECISION_ENV}")
+        return Precision(forced, requested, f"${PRECISION_ENV}={forced}")
+    if str(device).startswith("cuda"):
+        import torch
+
+        cap = torch.cuda.get_device_capability(torch.device(device))
+        name = "bfloat16" if tuple(cap) >= CUDA_BF16_CAPABILITY else "float32"
+        return Precision(name, requested, f"CUDA capability sm{cap[0]}{cap[1]} (bf16 from sm80)")
+    probe = None if os.environ.get(PROBE_ENV, "1").strip() == "0" else _cached_cpu_probe
+    name, reason = cpu_precision(cpu_flags(), probe)
+    return Precision(name, requested, reason)
+
+
+# ------------------------------------------------------------------ the torch.mm peak
+@dataclasses.dataclass(frozen=True)
+class MatmulPeak:
+    """The best rate of an n x n x n torch.mm in one dtype: the machine's practical peak for it."""
+
+    dtype: str
+    device: str
+    n: int
+    gflops: float
+    """By wall time."""
+    gflops_cpu: float
+    """By this process's CPU time (all threads): what counts on a shared CPU, where other jobs stretch wall
+    time but not the CPU time per FLOP. Equal to ``gflops`` on CUDA."""
+
+    def to_dict(self) -> dict:
+        return {k: round(v, 1) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
+
+
+def mm_peak(dtype: str = "float32", device: str = "cpu", max_n: int = 2048, repeats: int = 3,
+            min_call_s: float = 0.25) -> MatmulPeak:
+    """The torch.mm peak in ``dtype``: n doubles from 128 until one product takes ``min_call_s`` or n reaches
+    ``max_n``, then the best of ``repeats``. The slow path (bf16 on an AVX2-only CPU, ~1 GFLOP/s) thus stops
+    near n=512, well under 2 s, instead of taking ~20 s per 2048^3 product."""
+    import torch
+
+    def sync():
+        if str(device).startswith("cuda"):
+            torch.cuda.synchronize()
+
+    dt = getattr(torch, dtype)
+    n = 128
+    while True:
+        a, b = torch.randn(n, n, device=device).to(dt), torch.randn(n, n, device=device).to(dt)
+        sync()
+        w0 = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        if time.perf_counter() - w0 >= min_call_s or n >= max_n:
+            break
+        n *= 2
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        w0, c0 = time.perf_counter(), time.process_time()
+        torch.mm(a, b)
+        sync()
+        wall, cpu = min(wall, time.perf_counter() - w0), min(cpu, time.process_time() - c0)
+    flops = 2 * n**3 / 1e9
+    on_cuda = str(device).startswith("cuda")
+    return MatmulPeak(dtype, str(device), n, flops / wall, flops / (wall if on_cuda else max(cpu, 1e-9)))
+
+
+def mm_peaks(device: str = "cpu", max_n: int = 2048, cpu_time: bool = False,
+             earlier: dict[str, MatmulPeak] | None = None) -> dict[str, MatmulPeak]:
+    """Both peaks (fp32 and bf16) measured now, each the better of this and an ``earlier`` measurement (a bench
+    measures before and after its runs: the machine may be shared). "Fraction of the best peak" divides by the
+    larger of the two (``best_peak``)."""
+    now = {d: mm_peak(d, device, max_n=max_n) for d in ("float32", "bfloat16")}
+    if earlier is None:
+        return now
+    rate = (lambda pk: pk.gflops_cpu) if cpu_time else (lambda pk: pk.gflops)
+    return {d: max(now[d], earlier[d], key=rate) for d in now}
+
+
+SLOW_PATH_SHARE = 0.1
+"""A dtype whose torch.mm peak is under this share of the best one is the machine's slow path (bf16 on an
+AVX2-only CPU: ~1 vs ~100+ GFLOP/s); the benches measure it on a reduced shape."""
+
+
+def best_peak(peaks: dict[str, MatmulPeak], cpu_time: bool = False) -> MatmulPeak:
+    """The larger peak (by CPU time on a shared CPU, else by wall time): what "fraction of peak" divides by."""
+    return max(peaks.values(), key=lambda pk: pk.gflops_cpu if cpu_time else pk.gflops)
+
+
+def is_slow_path(peaks: dict[str, MatmulPeak], dtype: str, cpu_time: bool = False) -> bool:
+    rate = (lambda pk: pk.gflops_cpu) if cpu_time else (lambda pk: pk.gflops)
+    return rate(peaks[dtype]) < SLOW_PATH_SHARE * rate(best_peak(peaks, cpu_time))

@@ -181,12 +181,15 @@ def load_tokenizer(name: str):
     return AutoTokenizer.from_pretrained(resolve_model(name))
 
 
-def load_model(name: str, device: str = "cpu"):
-    """Load the target for inference: fp32 on CPU (bf16 GEMM is ~100x slower
-    there), bf16 on CUDA."""
+def load_model(name: str, device: str = "cpu", precision: str = "auto"):
+    """Load the target for inference on ``device``, its weights in ``precision`` (float32 or bfloat16;
+    "auto": eagle3.devices.resolve_precision, bf16 where the machine has a bf16 matrix engine, fp32
+    elsewhere: bf16 GEMM runs ~100x slower than fp32 on an AVX2-only CPU)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    from eagle3.devices import resolve_precision
+
+    dtype = getattr(torch, resolve_precision(precision, device).name)
     model = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=dtype)
     return model.to(device).eval()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from eagle3.config import stage_cli
 from eagle3.evaluate import EvaluateConfig, evaluate
+from eagle3.devices import PRECISIONS
 from eagle3.evaluate.config import BACKENDS
 
 
@@ -26,4 +27,4 @@ def _evaluate_and_say(cfg: EvaluateConfig) -> dict:
 
 
 add_arguments, run = stage_cli(EvaluateConfig, _evaluate_and_say, aliases={"model": ["--target"]},
-                               choices={"backend": BACKENDS})
+                               choices={"backend": BACKENDS, "precision": PRECISIONS})

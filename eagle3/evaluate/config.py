@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eagle3.devices import check_device
+from eagle3.devices import check_device, check_precision
 from eagle3.errors import InputError
 
 BACKENDS = ("transformers", "vllm", "sglang")
@@ -34,6 +34,10 @@ class EvaluateConfig:
     sglang: two SGLang servers on GPUs."""
     device: str = "auto"
     """transformers: auto (cuda if a GPU is visible, else cpu), cpu or cuda[:i]."""
+    precision: str = "auto"
+    """transformers: the target's precision, the same for the baseline and the speculative decode (so the
+    lossless check compares like with like; report.json names it): auto (eagle3.devices.resolve_precision),
+    float32 or bfloat16. vllm/sglang: the server's own --dtype."""
     warmup: bool = True
     """Decode the first prompt briefly before timing (first calls pay one-off costs)."""
     threads: int | None = None
@@ -57,3 +61,4 @@ class EvaluateConfig:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise InputError(f"EvaluateConfig.{name}={value!r} must be None or an int >= 1")
         check_device(self.device, "EvaluateConfig.device")
+        check_precision(self.precision, "EvaluateConfig.precision")

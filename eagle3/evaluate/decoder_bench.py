@@ -5,6 +5,10 @@ prompt ids: plain greedy with a KV cache (the baseline) and the chain
 speculative decoder. Greedy speculation is lossless, so the two outputs must
 be equal token for token; any difference fails the stage (GateFailed) after
 report.json was written, naming the prompt and the first differing position.
+Both decodes run the one target at one precision (EvaluateConfig.precision,
+resolved by eagle3.devices.resolve_precision), and report.json names it: bf16
+and fp32 greedy outputs differ, so each precision is its own lossless target.
+The draft runs in fp32 (it is small; its numbers only move τ, never the output).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ def offline_sim_accept_len(checkpoint: str) -> dict | None:
     return {"sim_accept_len": float(ev["sim_accept_len"]), "step": ev.get("step"), "acc": ev.get("acc_i") or []}
 
 
-def _load(cfg: EvaluateConfig, device: str):
+def _load(cfg: EvaluateConfig, device: str, precision: str):
     from eagle3 import target as target_mod
     from eagle3.draft.build import load_target_embedding
     from eagle3.evaluate.spec_decode import Eagle3DraftStepper, TargetRunner
@@ -46,7 +50,7 @@ def _load(cfg: EvaluateConfig, device: str):
     draft_cfg = storage.read_json(draft_cfg_path)
     aux_ids = trained_aux_layer_ids(draft_cfg, draft_cfg_path)
     tokenizer = target_mod.load_tokenizer(target_dir)
-    model = target_mod.load_model(target_dir, device=device)
+    model = target_mod.load_model(target_dir, device=device, precision=precision)
     vocab_size = target_mod.vocab_size(target_dir)
     if int(draft_cfg.get("vocab_size", -1)) != vocab_size:
         raise InputError(f"{draft_cfg_path}: vocab_size={draft_cfg.get('vocab_size')} but the target "
@@ -62,15 +66,15 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _mismatch_message(bad: list[dict], device: str) -> str:
+def _mismatch_message(bad: list[dict], device: str, precision: str) -> str:
     lines = [f"speculative output differs from the target's greedy output on {len(bad)} prompt(s):"]
     for row in bad[:20]:
         m = row["mismatch"]
         lines.append(f"  prompt {row['id']}: first difference at generated position {m['position']} "
                      f"(baseline token {m['baseline_token']}, speculative token {m['speculative_token']})")
-    if device != "cpu":
-        lines.append("On bf16/CUDA, a near-tie can flip an argmax between a 1-token and a (k+1)-token forward; "
-                     "rerun with --device cpu (fp32) to tell a decoder bug from numerical noise.")
+    if precision != "float32" or device != "cpu":
+        lines.append(f"In {precision} on {device}, a near-tie can flip an argmax between a 1-token and a (k+1)-token "
+                     "forward; rerun with --device cpu --precision float32 to tell a decoder bug from numerical noise.")
     return "\n".join(lines)
 
 
@@ -120,15 +124,18 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
 
     from eagle3.evaluate.prompts import encode_prompt, load_prompt_sets
     from eagle3.evaluate.spec_decode import eos_token_ids, greedy_generate, speculative_generate
-    from eagle3.devices import resolve_device
+    from eagle3.devices import resolve_device, resolve_precision
     from eagle3.progress import Progress
 
     prompt_sets = load_prompt_sets(cfg.prompts, cfg.limit)
     device = resolve_device(cfg.device)
+    precision = resolve_precision(cfg.precision, device)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
-    tokenizer, model, target, draft, aux_ids = _load(cfg, device)
+    tokenizer, model, target, draft, aux_ids = _load(cfg, device, precision.name)
+    log.info("evaluate: target in %s on %s (%s); baseline and speculative decode both", precision.name, device,
+             precision.reason)
     eos = eos_token_ids(model, tokenizer)
     encoded = {name: [encode_prompt(tokenizer, p) for p in ps] for name, ps in prompt_sets.items()}
     if cfg.warmup:
@@ -177,6 +184,8 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
         "aux_layer_ids": aux_ids,
         "device": device,
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        # The one precision of both decodes, and why it was chosen (eagle3.devices.resolve_precision).
+        "precision": precision.to_dict(),
         "backend": "transformers",
         "torch_threads": torch.get_num_threads(),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -187,5 +196,6 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
              "lossless=%s", report["acceptance_length"], primary, report["verifications"],
              report["tokens_per_s_spec"], report["tokens_per_s_base"], report["speedup"], report["lossless"])
     if bad:
-        raise GateFailed(_mismatch_message(bad, device) + f"\n(report: {storage.join(cfg.out, 'report.json')})")
+        raise GateFailed(_mismatch_message(bad, device, precision.name)
+                         + f"\n(report: {storage.join(cfg.out, 'report.json')})")
     return {k: v for k, v in report.items() if k not in ("prompts", "offline")}

@@ -8,8 +8,12 @@ i.e. exactly what feeds lm_head. So aux layer i is ``hidden_states[i+1]`` for
 i < L-1, and ``last`` is ``last_hidden_state``. Selecting indices (a list for
 ``output_hidden_states``) keeps only those layers alive, which saves memory.
 
-On CPU, plain Llama targets run through ``lean_llama`` (same numbers, fewer
-memory passes); other models and CUDA use the transformers forward.
+The compute precision comes from ``eagle3.devices.resolve_precision`` (bf16 where the
+machine has a bf16 matrix engine, fp32 elsewhere). On CPU, plain Llama targets run
+through ``lean_llama`` in either precision (fewer memory passes; in bf16 its residual
+stream stays fp32); other models and CUDA use the transformers forward. Whatever the
+compute precision, ``lm_head`` gives fp32 logits (they become fp8-topk's stored soft
+labels) and the stored tensors are the storage option's (eagle3.storage_options).
 
 We call the base model (not the LM head model): logits over padding would cost
 2·H·V FLOPs per padded token for nothing; the ``fp8-topk`` option applies
@@ -21,7 +25,9 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.nn.functional as F
 
+from eagle3.devices import resolve_precision
 from eagle3.errors import InputError
 from eagle3.oom import maybe_inject
 from eagle3.extract import lean_llama
@@ -32,11 +38,14 @@ log = logging.getLogger(__name__)
 class TargetCapture:
     """The target model, ready to return per-token features of real tokens."""
 
-    def __init__(self, model: str, device: str = "cpu", layers: list[int] | None = None, lean: bool = True):
+    def __init__(self, model: str, device: str = "cpu", layers: list[int] | None = None, lean: bool = True,
+                 precision: str = "auto"):
         self.device = device
-        self.model = load_model(model, device)  # fp32 on CPU, bf16 on CUDA
+        self.precision = resolve_precision(precision, device)
+        self.model = load_model(model, device, self.precision.name)
         self.base = getattr(self.model, self.model.base_model_prefix)
-        # The lean forward is measured and tested in fp32 on CPU; CUDA keeps the HF forward.
+        self._head32 = None
+        # The lean forward is a CPU path; CUDA keeps the HF forward.
         why_not = "disabled" if not lean else ("not on CPU" if device != "cpu" else lean_llama.supports(self.model))
         self.lean = lean_llama.LeanLlama(self.model) if why_not is None else None
         self.forward_path = "lean" if self.lean else f"transformers ({why_not})"
@@ -63,7 +72,13 @@ class TargetCapture:
 
     @torch.inference_mode()
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.get_output_embeddings()(hidden)
+        """fp32 logits [T, V] whatever the compute precision: bf16 logits (8 bits of mantissa) would flip
+        near-tie argmaxes of the soft labels. A bf16 target keeps one fp32 copy of its lm_head for this."""
+        head = self.model.get_output_embeddings()
+        if self._head32 is None:
+            self._head32 = head.weight.detach().float()
+        bias = getattr(head, "bias", None)
+        return F.linear(hidden.to(self._head32.device).float(), self._head32, None if bias is None else bias.float())
 
     @torch.inference_mode()
     def forward(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:

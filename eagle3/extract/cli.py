@@ -10,6 +10,8 @@ saved, and a re-run continues with it.
 
 from eagle3 import storage_options
 from eagle3.config import stage_cli
+from eagle3.devices import PRECISIONS
 from eagle3.extract import ExtractConfig, extract
 
-add_arguments, run = stage_cli(ExtractConfig, extract, choices={"storage": tuple(storage_options.OPTIONS)})
+add_arguments, run = stage_cli(ExtractConfig, extract,
+                               choices={"storage": tuple(storage_options.OPTIONS), "precision": PRECISIONS})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle3 import storage_options
-from eagle3.devices import check_device
+from eagle3.devices import check_device, check_precision
 from eagle3.errors import InputError
 from eagle3.extract.plan import parse_shard
 
@@ -30,6 +30,10 @@ class ExtractConfig:
     """Target shard size in MiB (of per-token payload)."""
     device: str = "auto"
     """cpu, cuda, or auto (cuda when a GPU is visible)."""
+    precision: str = "auto"
+    """Compute precision of the target forward: auto (eagle3.devices.resolve_precision: bf16 where the machine
+    has a bf16 matrix engine, CUDA sm80+ or an AMX/AVX512-BF16 CPU; fp32 elsewhere), float32 or bfloat16.
+    The store's format does not change with it."""
     tokens_per_s: float | None = None
     """Throughput for the up-front estimate; None: measured on the first batch."""
     lease_root: str | None = None
@@ -48,3 +52,4 @@ class ExtractConfig:
         if self.token_budget < 1 or self.shard_mb <= 0:
             raise InputError(f"token_budget={self.token_budget}, shard_mb={self.shard_mb}: need token_budget >= 1 and shard_mb > 0")
         check_device(self.device, "ExtractConfig.device")
+        check_precision(self.precision, "ExtractConfig.precision")

@@ -1,6 +1,6 @@
-"""A lean fp32 forward of Llama-architecture targets, for extraction on CPU.
+"""A lean forward of Llama-architecture targets, for extraction on CPU, in fp32 or bf16.
 
-Same numbers as the transformers forward (tests/extract/test_lean_llama.py
+In fp32, the transformers forward's numbers (tests/extract/test_lean_llama.py
 compares every captured layer), with fewer memory passes. On CPU every
 elementwise op is a trip through memory and the profile of the HF forward was
 mm 59%, elementwise 26%, attention 13%. What changes here:
@@ -16,6 +16,14 @@ mm 59%, elementwise 26%, attention 13%. What changes here:
 - attention is SDPA with is_causal and native GQA: with right padding a real
   token never sees a padded one, so no mask is needed (padded rows are junk
   and dropped by the caller).
+
+In bf16 (the model loaded in bf16, on CPUs with a bf16 matrix engine) the
+GEMMs and attention run in bf16 while the residual stream, the norms, the
+rotary product and the captured states stay fp32: each GEMM output is added
+into the fp32 residual, so rounding does not accumulate over the layers the
+way a bf16 residual does (the transformers bf16 forward keeps it in bf16).
+The stored format is unchanged: the codec rounds aux and last to bf16 as for
+fp32 compute (tests/extract/test_precision.py bounds the difference).
 
 Only plain Llama layouts qualify (`supports`); anything else (biases, sliding
 windows, other activations, another rope layout) uses the HF forward. Weights
@@ -33,6 +41,7 @@ _STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load
 #: rows per GEMM block: at 8K rows the GEMM outputs leave the cache; on the 2-core dev machine the
 #: [rows, 2I] gate/up GEMM ran 22% slower, q/k/v 9% and o_proj 7% (1-2K rows measured best)
 ROWS = 2048
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def supports(model) -> str | None:
@@ -53,8 +62,8 @@ def supports(model) -> str | None:
     if rope_type not in _STATIC_ROPE:
         # dynamic/longrope recompute inv_freq from each batch's length; the copy taken here would go stale
         return f"rope_type {rope_type!r} (lean path: {', '.join(_STATIC_ROPE)})"
-    if next(model.parameters()).dtype != torch.float32:
-        return "not fp32"
+    if next(model.parameters()).dtype not in COMPUTE_DTYPES:
+        return f"dtype {next(model.parameters()).dtype} (lean path: float32, bfloat16)"
     return None
 
 
@@ -68,15 +77,29 @@ def _interleave(n_heads: int, head_dim: int) -> torch.Tensor:
 class _Layer:
     def __init__(self, layer, n_heads: int, n_kv: int, head_dim: int):
         a, m = layer.self_attn, layer.mlp
-        w_in, w_post = layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()
+        dt = a.q_proj.weight.dtype
+        # Folded in fp32, rounded once to the compute dtype.
+        w_in = layer.input_layernorm.weight.detach().float()
+        w_post = layer.post_attention_layernorm.weight.detach().float()
         self.eps_in = layer.input_layernorm.variance_epsilon
         self.eps_post = layer.post_attention_layernorm.variance_epsilon
         q = a.q_proj.weight.detach()[_interleave(n_heads, head_dim)]
         k = a.k_proj.weight.detach()[_interleave(n_kv, head_dim)]
-        self.qkv = (torch.cat([q, k, a.v_proj.weight.detach()]) * w_in).contiguous()  # [Dq + 2Dkv, H]
+        qkv = torch.cat([q, k, a.v_proj.weight.detach()]).float() * w_in
+        self.qkv = qkv.to(dt).contiguous()  # [Dq + 2Dkv, H]
         self.o = a.o_proj.weight.detach()
-        self.gate_up = (torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]) * w_post).contiguous()
+        gate_up = torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]).float() * w_post
+        self.gate_up = gate_up.to(dt).contiguous()
         self.down = m.down_proj.weight.detach()
+
+
+def _add_mm(rows: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> None:
+    """rows += a @ w.T: inside the GEMM in fp32 (addmm_, beta=1); in bf16 the GEMM's output is added into
+    the fp32 residual (addmm_ needs one dtype)."""
+    if a.dtype == rows.dtype:
+        rows.addmm_(a, w.T)
+    else:
+        rows.add_(torch.mm(a, w.T))
 
 
 def _normed(h: torch.Tensor, eps: float) -> torch.Tensor:
@@ -96,6 +119,7 @@ class LeanLlama:
         base = getattr(model, model.base_model_prefix)
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.dtype = next(model.parameters()).dtype  # GEMMs and attention; the residual stream is fp32
         self.embed = base.embed_tokens.weight.detach()
         self.layers = [_Layer(layer, self.n_heads, self.n_kv, self.head_dim) for layer in base.layers]
         self.final_norm, self.final_eps = base.norm.weight.detach(), base.norm.variance_epsilon
@@ -112,32 +136,38 @@ class LeanLlama:
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, capture: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
         """ids [B, T] right-padded. Returns ([output of layer i for i in capture] each [B, T, H],
-        final-norm hidden [B, T, H]); rows past a sample's length are padding junk."""
+        final-norm hidden [B, T, H]), fp32; rows past a sample's length are padding junk."""
         b, t = ids.shape
         nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
         dq, dkv = nh * hd, nkv * hd
-        h = F.embedding(ids, self.embed).reshape(b * t, -1)
+        dt = self.dtype
+        h = F.embedding(ids, self.embed).reshape(b * t, -1).float()
         rot = self._rotation(t)
         saved = {}
-        qkv = h.new_empty(b * t, dq + 2 * dkv)
+        qkv = h.new_empty(b * t, dq + 2 * dkv, dtype=dt)
         for i, layer in enumerate(self.layers):
             for rows, out in zip(h.split(ROWS), qkv.split(ROWS)):
-                torch.mm(_normed(rows, layer.eps_in), layer.qkv.T, out=out)
-            for lo, heads in ((0, nh), (dq, nkv)):  # rotate q, then k, in place
-                part = torch.view_as_complex(qkv[:, lo:lo + heads * hd].view(b, t, heads, hd // 2, 2))
+                torch.mm(_normed(rows, layer.eps_in).to(dt), layer.qkv.T, out=out)
+            # rotate q, then k, in place (complex multiply in fp32: there is no bf16 complex type)
+            qk = qkv[:, :dq + dkv] if dt == torch.float32 else qkv[:, :dq + dkv].float()
+            for lo, heads in ((0, nh), (dq, nkv)):
+                part = torch.view_as_complex(qk[:, lo:lo + heads * hd].view(b, t, heads, hd // 2, 2))
                 part.mul_(rot)
+            if qk.dtype != dt:
+                qkv[:, :dq + dkv].copy_(qk)
+            del qk
             q = qkv[:, :dq].view(b, t, nh, hd).transpose(1, 2)
             k = qkv[:, dq:dq + dkv].view(b, t, nkv, hd).transpose(1, 2)
             v = qkv[:, dq + dkv:].view(b, t, nkv, hd).transpose(1, 2)
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=nkv != nh)
             att = att.transpose(1, 2).reshape(b * t, dq)
             for rows, att_rows in zip(h.split(ROWS), att.split(ROWS)):
-                rows.addmm_(att_rows, layer.o.T)  # the residual add inside the GEMM
+                _add_mm(rows, att_rows, layer.o)  # the residual add inside the GEMM (fp32)
             for rows in h.split(ROWS):
-                gate_up = _normed(rows, layer.eps_post) @ layer.gate_up.T
+                gate_up = _normed(rows, layer.eps_post).to(dt) @ layer.gate_up.T
                 inter = gate_up.shape[1] // 2
                 gate = F.silu(gate_up[:, :inter], inplace=True)
-                rows.addmm_(gate.mul_(gate_up[:, inter:]), layer.down.T)
+                _add_mm(rows, gate.mul_(gate_up[:, inter:]), layer.down)
             if i in capture:
                 saved[i] = h.clone()
         last = _normed(h, self.final_eps).mul_(self.final_norm)

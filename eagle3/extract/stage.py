@@ -107,10 +107,11 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
     task = task_name(index, count)
     merged, tokens = read_merged(cfg.merged)
     mine = [s for s in merged if in_task(s.id, index, count)]
-    cap = TargetCapture(cfg.model, device, list(cfg.layers) if cfg.layers else None, lean=cfg.lean_forward)
+    cap = TargetCapture(cfg.model, device, list(cfg.layers) if cfg.layers else None, lean=cfg.lean_forward,
+                        precision=cfg.precision)
     writer = StoreWriter(cfg.out, model_fp=model_fingerprint(resolve_model(cfg.model)), model_name=cfg.model,
                          layers=cap.layers, hidden_size=cap.hidden_size, vocab_size=cap.vocab_size,
-                         storage=cfg.storage, task=task).open()
+                         storage=cfg.storage, task=task, precision=cap.precision.to_dict()).open()
     _clean_stale_tmp(writer.uri, task)
     done = writer.done_ids()
     todo = order([s for s in mine if s.id not in done])
@@ -126,15 +127,15 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
     real, padded = padding_share([b for batches in plan for b in batches])
     summary = {
         "store": writer.uri, "task": task, "device": device, "storage": cfg.storage, "layers": cap.layers,
-        "forward": cap.forward_path,
+        "forward": cap.forward_path, "precision": cap.precision.to_dict(),
         "samples_in_task": len(mine), "samples_skipped": len(mine) - len(todo), "samples_extracted": 0,
         "tokens": 0, "shards_written": 0, "bytes_written": 0, "bytes_per_token": bpt, "token_budget": budget,
         "padding_share": round(1 - real / padded, 4) if padded else 0.0,
     }
     log.info("extract %s: %d samples in this task, %d already stored, %d to do (%d tokens) in %d shards; "
-             "padding %.1f%% of %d padded tokens at budget %d; %s forward", task, len(mine),
+             "padding %.1f%% of %d padded tokens at budget %d; %s forward in %s (%s)", task, len(mine),
              summary["samples_skipped"], len(todo), real, len(shards), 100 * summary["padding_share"], padded,
-             budget, cap.forward_path)
+             budget, cap.forward_path, cap.precision.name, cap.precision.reason)
     progress = Progress("extract", len(todo), real, every_s=cfg.progress_every_s, logger=log)
     forward_s, estimated = 0.0, False
     # Rate for the estimate: skip the first batch (warm-up, and the shortest samples), then

@@ -3,9 +3,10 @@
 Layout (docs/CONTRACTS.md "Hidden-state store")::
 
     STORE/<model_fp>-L<a>_<b>_<c>-<storage>/
-        store.json                      model fingerprint/name, layers, hidden/vocab size, option, bytes/token
+        store.json                      model fingerprint/name, layers, hidden/vocab size, option, bytes/token,
+                                        the compute precision of the run that created it
         shard-<task>-<seq>.safetensors  packed samples (no padding), written atomically
-        index-<task>.json               {shard: {sha256, samples, tokens, sample_ids, sample_tokens}}
+        index-<task>.json               {shard: {sha256, samples, tokens, sample_ids, sample_tokens, precision}}
         adapt-<task>.json               (only after an OOM) the token budget the next run uses
 
 Shard tensors: ``input_ids`` int32 [T], ``loss_mask`` uint8 [T], ``offsets``
@@ -14,6 +15,11 @@ tensors of the storage option (see :mod:`eagle3.extract.codec`: ``aux`` +
 ``last`` for ``bf16``; fp8 ``aux``/``aux_scale`` + ``last``/``last_scale`` for
 ``fp8``; fp8 ``aux``/``aux_scale`` + ``topk_ids``/``topk_logprobs`` for
 ``fp8-topk``). Metadata: ``sample_ids`` (JSON list), ``storage``.
+
+The compute precision (eagle3.devices.resolve_precision) changes no stored dtype, so
+it is not part of the store key: tasks on machines of different kinds may fill one
+store. Each shard's index entry names the precision that computed it, and
+``HiddenStateStore.precisions()`` lists them.
 
 Trainer usage — the same code for every option::
 
@@ -31,6 +37,7 @@ options (dequantized); call ``.float()`` either way.
 from __future__ import annotations
 
 import json
+import logging
 
 from eagle3 import storage as st
 from eagle3.errors import InputError
@@ -38,6 +45,8 @@ from eagle3.extract.codec import decode, target_logprobs
 from eagle3.storage_options import TOPK, bytes_per_token, option
 
 __all__ = ["HiddenStateStore", "StoreWriter", "store_key", "target_logprobs", "FORMAT"]
+
+log = logging.getLogger(__name__)
 
 FORMAT = "eagle3-hidden-states/1"
 _PER_SAMPLE = ("input_ids", "loss_mask", "offsets")
@@ -56,7 +65,7 @@ class StoreWriter:
     """
 
     def __init__(self, root: str, *, model_fp: str, model_name: str, layers: list[int], hidden_size: int,
-                 vocab_size: int, storage: str, task: str):
+                 vocab_size: int, storage: str, task: str, precision: dict | None = None):
         self.uri = st.join(root, store_key(model_fp, layers, storage))
         self.task = task
         self.storage = storage
@@ -65,6 +74,7 @@ class StoreWriter:
             "layers": list(layers), "hidden_size": hidden_size, "vocab_size": vocab_size, "storage": storage,
             "topk": TOPK if option(storage).target == "topk" else None,
             "bytes_per_token": bytes_per_token(storage, hidden_size),
+            "precision": precision,
         }
         self._index: dict | None = None
 
@@ -78,6 +88,11 @@ class StoreWriter:
             if diff:
                 raise InputError(f"{path} describes another store: {diff} (stored, wanted); "
                                  "use another --out or remove that folder")
+            if (old.get("precision") or {}).get("name") != (self.info["precision"] or {}).get("name"):
+                log.warning("%s was created with %s compute; this task computes in %s (the stored dtypes are the "
+                            "same; index-%s.json records each shard's precision)", path,
+                            (old.get("precision") or {}).get("name"), (self.info["precision"] or {}).get("name"),
+                            self.task)
         else:
             st.write_json(path, self.info)
         return self
@@ -125,7 +140,8 @@ class StoreWriter:
         name = f"shard-{self.task}-{self.next_seq():05d}.safetensors"
         digest = _atomic_save(self.uri, name, lambda p: save_safetensors(tensors, p, meta))
         entry = {"sha256": digest, "samples": len(ids), "tokens": int(offsets[-1]),
-                 "sample_ids": ids, "sample_tokens": lengths}
+                 "sample_ids": ids, "sample_tokens": lengths,
+                 "precision": (self.info["precision"] or {}).get("name")}
         self.index()[name] = entry
         st.write_json(st.join(self.uri, f"index-{self.task}.json"), self.index())
         return entry
@@ -235,6 +251,13 @@ class HiddenStateStore:
     def num_tokens(self, sample_id: str) -> int:
         shard, i = self._locate(sample_id)
         return int(self.shards[shard]["sample_tokens"][i])
+
+    def precisions(self) -> dict[str, int]:
+        """{compute precision: stored tokens} over the shards (None: written before the index recorded it)."""
+        out: dict = {}
+        for e in self.shards.values():
+            out[e.get("precision")] = out.get(e.get("precision"), 0) + int(e["tokens"])
+        return out
 
     def total_tokens(self) -> int:
         return sum(int(e["tokens"]) for e in self.shards.values())

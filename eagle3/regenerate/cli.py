@@ -14,9 +14,11 @@ Killed and re-run with the same --out, it resumes (finished conversations are ke
 
 from eagle3.config import stage_cli
 from eagle3.regenerate import RegenerateConfig, regenerate
+from eagle3.devices import PRECISIONS
 from eagle3.regenerate.config import BACKENDS, SERVERS
 
 add_arguments, run = stage_cli(
-    RegenerateConfig, regenerate, skip=("extra_body",), choices={"backend": BACKENDS, "server": SERVERS},
+    RegenerateConfig, regenerate, skip=("extra_body",),
+    choices={"backend": BACKENDS, "server": SERVERS, "precision": PRECISIONS},
     aliases={"datasets": ["--dataset"], "timeout_s": ["--timeout"], "price_prompt_per_m": ["--price-prompt"],
              "price_completion_per_m": ["--price-completion"]})

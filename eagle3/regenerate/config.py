@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3.config import DEFAULT_SEED
-from eagle3.devices import check_device
+from eagle3.devices import check_device, check_precision
 from eagle3.errors import Eagle3Error, InputError
 
 BACKENDS = ("hf", "openai")
@@ -56,6 +56,10 @@ class RegenerateConfig:
     """USD per million completion tokens."""
     device: str = "auto"
     """hf: auto (cuda when a GPU is visible), cpu, cuda or cuda:<i>."""
+    precision: str = "auto"
+    """hf: the target's compute precision: auto (eagle3.devices.resolve_precision: bf16 where the machine has a
+    bf16 matrix engine, fp32 elsewhere), float32 or bfloat16; stats.json records it. Greedy answers differ
+    between precisions. openai/server: the server's own (e.g. vLLM --dtype in server_args)."""
     answer_trailing: bool = True
     """Also answer a conversation's last turn when it is a user/tool turn (prompt-only datasets)."""
     restart: bool = False
@@ -86,6 +90,7 @@ class RegenerateConfig:
         if not 0 <= self.max_error_share <= 1:
             raise InputError(f"regenerate: max_error_share={self.max_error_share!r} must be in [0, 1], e.g. 0.05")
         check_device(self.device, "regenerate: device")
+        check_precision(self.precision, "regenerate: precision")
         if self.server is not None and self.server not in SERVERS:
             raise InputError(f"regenerate: server={self.server!r} is not one of {', '.join(SERVERS)}")
         if isinstance(self.datasets, str):

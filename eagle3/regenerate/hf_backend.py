@@ -1,8 +1,9 @@
 """The ``hf`` backend: the target itself, in-process, with transformers ``generate``.
 
 Requests from the conversations in flight are gathered into one left-padded
-batch (fp32 on CPU, where bf16 matmuls are ~100x slower; bf16 on CUDA) and
-generated together; each caller gets its own answer back. Greedy when
+batch and generated together, in the precision of eagle3.devices.resolve_precision
+(bf16 where the machine has a bf16 matrix engine; fp32 elsewhere, e.g. on an
+AVX2-only CPU, where bf16 matmuls run ~100x slower); each caller gets its own answer back. Greedy when
 temperature is 0, else sampled with ``top_p`` from a generator seeded once
 with ``seed`` (so a sampled run depends on how requests were batched).
 """
@@ -22,8 +23,10 @@ class HFBackend:
     """Batched local generation; use inside ``async with``, call ``complete`` from many tasks."""
 
     def __init__(self, model: str, *, batch_size: int = 8, temperature: float = 0.0, top_p: float = 1.0,
-                 max_tokens: int = 512, seed: int | None = 0, device: str = "cpu"):
+                 max_tokens: int = 512, seed: int | None = 0, device: str = "cpu", precision: str = "auto"):
         self.model_name, self.batch_size, self.device = model, batch_size, device
+        self.requested_precision = precision
+        self.precision = None  # the resolved eagle3.devices.Precision, once loaded
         self.temperature, self.top_p, self.max_tokens, self.seed = temperature, top_p, max_tokens, seed
         self._queue: asyncio.Queue | None = None
         self._worker: asyncio.Task | None = None
@@ -40,9 +43,13 @@ class HFBackend:
         self.tok.padding_side = "left"  # generation continues from the right end of every row
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
-        from eagle3.devices import resolve_device
+        from eagle3.devices import resolve_device, resolve_precision
 
-        self.model = target.load_model(self.model_name, resolve_device(self.device))
+        device = resolve_device(self.device)
+        self.precision = resolve_precision(self.requested_precision, device)
+        log.info("regenerate: hf backend, %s in %s on %s (%s)", self.model_name, self.precision.name, device,
+                 self.precision.reason)
+        self.model = target.load_model(self.model_name, device, self.precision.name)
         self.torch = torch
         if self.seed is not None:
             torch.manual_seed(self.seed)

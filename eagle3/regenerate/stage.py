@@ -38,7 +38,8 @@ def _make_backend(cfg: RegenerateConfig, api_key: str | None):
     if cfg.backend == "hf":
         from eagle3.regenerate.hf_backend import HFBackend
 
-        return HFBackend(cfg.model, batch_size=cfg.concurrency, device=cfg.device, **sampling)
+        return HFBackend(cfg.model, batch_size=cfg.concurrency, device=cfg.device, precision=cfg.precision,
+                         **sampling)
     from eagle3.regenerate.openai_backend import OpenAIBackend
 
     base_url = cfg.base_url or os.environ.get("EAGLE3_OPENAI_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
@@ -170,7 +171,10 @@ def _stats(cfg, spec, records, total, resumed, bad, failed, meter, backend, wall
         "this_run": {"requests": meter.requests, "attempts": backend.attempts, "retries": backend.retries,
                      "prompt_tokens": meter.prompt_tokens, "completion_tokens": meter.completion_tokens,
                      "cost_usd": cfg.cost(meter.prompt_tokens, meter.completion_tokens), "wall_s": round(wall, 3),
-                     "completion_tokens_per_s": meter.completion_tokens / wall if wall > 0 else 0.0},
+                     "completion_tokens_per_s": meter.completion_tokens / wall if wall > 0 else 0.0,
+                     # hf: this run's compute precision (not a setting: "auto" may resolve differently on
+                     # another machine, so a resumed dataset may mix both); openai: None, the server's own.
+                     "precision": backend.precision.to_dict() if getattr(backend, "precision", None) else None},
     }
 
 

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from eagle3.config import add_config_arguments, config_from_args, to_dict
+from eagle3.devices import PRECISIONS
 from eagle3.errors import Eagle3Error, exit_code
 from eagle3.train import TrainConfig, train
 
@@ -27,7 +28,7 @@ STATUS_ENV = "EAGLE3_TRAIN_STATUS_DIR"  # where torchrun workers leave their err
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p, TrainConfig, aliases={"model": ["--target"]},
-                         choices={"init": ("target", "random")})
+                         choices={"init": ("target", "random"), "precision": PRECISIONS})
     p.add_argument("--nproc", type=int, default=1,
                    help="data-parallel processes on this machine (runs torchrun; one GPU each on CUDA)")
 

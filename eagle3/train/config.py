@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from eagle3 import storage_options
 from eagle3.config import DEFAULT_SEED
-from eagle3.devices import check_device
+from eagle3.devices import check_device, check_precision
 from eagle3.errors import InputError
 
 INIT_CHOICES = ("target", "random")
@@ -69,6 +69,10 @@ class TrainConfig:
     """Checkpoints kept."""
     device: str = "auto"
     """"auto" (cuda:LOCAL_RANK when available, else cpu), "cpu" or "cuda"."""
+    precision: str = "auto"
+    """Compute precision of the draft's forward and backward: bfloat16 runs them under bf16 autocast (master
+    weights, optimizer and the target's soft labels stay fp32), float32 without; auto
+    (eagle3.devices.resolve_precision) picks bf16 where the machine has a bf16 matrix engine, fp32 elsewhere."""
 
     def __post_init__(self) -> None:
         positive = ("epochs", "ttt_length", "token_budget", "grad_accum", "keep", "log_every", "save_every")
@@ -87,6 +91,7 @@ class TrainConfig:
         if self.init not in INIT_CHOICES:
             raise InputError(f"TrainConfig.init={self.init!r} is not one of {', '.join(INIT_CHOICES)}")
         check_device(self.device, "TrainConfig.device")
+        check_precision(self.precision, "TrainConfig.precision")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         storage_options.option(self.storage)
 

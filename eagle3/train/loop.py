@@ -3,7 +3,10 @@
 One optimizer step = one global batch of the deterministic plan (eagle3/train/
 data.py). Every rank runs its slice of it as micro-batches, the gradients are
 summed across micro-batches and ranks, clipped, and AdamW (fp32 master
-weights; bf16 autocast on CUDA) steps with a cosine schedule. The run can be
+weights and moments) steps with a cosine schedule. The forward and backward
+run under bf16 autocast where eagle3.devices.resolve_precision says bf16 (CUDA
+sm80+, CPUs with a bf16 matrix engine), in fp32 elsewhere; the target's soft
+labels are fp32 either way (eagle3.draft.ttt.target_from_last). The run can be
 killed at any moment: it resumes from CKPT/latest.json with the same weights,
 optimizer moments, data position and RNG states, so the loss curve continues
 as if nothing happened. An out-of-memory saves the state with half the
@@ -73,7 +76,13 @@ class Trainer:
         self.head = inputs.target_head(self.device)
         self.d2t, self.t2d = self.model.d2t, self.model.t2d
         self.metrics = checkpoint.MetricsLog(cfg.out, enabled=dist.is_main, truncate_after=self.step)
-        self.autocast = self.device.type == "cuda"
+        from eagle3.devices import resolve_precision
+
+        self.precision = resolve_precision(cfg.precision, dist.device)
+        before = (self.ckpt.state.get("precision") or {}).get("name") if self.ckpt is not None else None
+        if before not in (None, self.precision.name):
+            log.info("resuming a run trained in %s so far in %s (%s); the weights and optimizer are fp32 either way",
+                     before, self.precision.name, self.precision.reason)
 
     # -- plan -----------------------------------------------------------------
     def plan(self, epoch: int) -> list[list[str]]:
@@ -90,7 +99,7 @@ class Trainer:
     def _micro(self, ids: list[str], denominators: torch.Tensor, grad: bool):
         maybe_inject(data.padded_tokens(ids, self.lengths))
         batch = data.collate(self.inp.store, ids, self.device)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision.bf16):
             with torch.no_grad():
                 target_logits, in_draft = objective.targets(batch, self.head, self.d2t, self.t2d)
             with torch.set_grad_enabled(grad):
@@ -148,6 +157,7 @@ class Trainer:
                 "schedule": {"kind": "cosine", "warmup_ratio": self.cfg.warmup_ratio,
                              "min_lr_ratio": self.cfg.min_lr_ratio, "peak_lr": self.cfg.lr},
                 "train_config": {k: getattr(self.cfg, k) for k in self.cfg.__dataclass_fields__},
+                "precision": self.precision.to_dict(),
             }
             checkpoint.save(self.cfg.out, self.step, self.model.state_dict(), tensors, state,
                             self.model.config.to_dict(), keep=self.cfg.keep)
@@ -202,9 +212,9 @@ class Trainer:
             evals = checkpoint.read_metrics(self.metrics.uri, "eval") if dist.is_main else []
             return self._summary(evals[-1] if evals else None, 0, 0.0)
         log.info("training %d steps (from step %d), %d train / %d held-out samples, micro-batch %d tokens x "
-                 "grad_accum %d x %d process(es), %d tokens per step", self.total_steps, self.step,
+                 "grad_accum %d x %d process(es), %d tokens per step, %s compute (%s)", self.total_steps, self.step,
                  len(self.inp.train_ids), len(self.inp.heldout_ids), self.micro, self.accum, dist.world,
-                 self.global_tokens)
+                 self.global_tokens, self.precision.name, self.precision.reason)
         while self.step < self.total_steps:
             batches = self.plan(self.pos.epoch)
             if self.pos.index >= len(batches):
@@ -233,7 +243,8 @@ class Trainer:
                 m = self._metrics(sums, loss=float(sums[0]))
                 m.update(event="train", step=self.step, epoch=self.pos.epoch, lr=lr, grad_norm=grad_norm,
                          tokens=tokens, tokens_per_s=run_tokens / max(time.monotonic() - t0, 1e-9),
-                         token_budget=self.micro, grad_accum=self.accum, world_size=dist.world)
+                         token_budget=self.micro, grad_accum=self.accum, world_size=dist.world,
+                         precision=self.precision.name)
                 self.metrics.write(m)
                 log.info("step %d/%d loss %.4f acc_0 %.3f lr %.2e | %s", self.step, self.total_steps, m["loss"],
                          m["acc_0"], lr, progress.line())
@@ -253,6 +264,6 @@ class Trainer:
             "sim_accept_len": last_eval["sim_accept_len"] if last_eval else None,
             "heldout_acc": last_eval["acc_i"] if last_eval else None,
             "token_budget": self.micro, "grad_accum": self.accum, "world_size": self.dist.world,
-            "epoch": self.pos.epoch,
+            "epoch": self.pos.epoch, "precision": self.precision.to_dict(),
             "metrics": self.metrics.uri,
         }

@@ -144,6 +144,28 @@ def test_params_take_their_defaults_from_the_stage_configs(dag):
     assert dag.params["seed"] == default(TrainConfig, "seed") == default(MergeConfig, "seed")
 
 
+def test_one_precision_param_reaches_every_stage_that_computes(dag):
+    """regenerate (hf), extract, train and evaluate (transformers) share one Param; its default and choices
+    are the stage Configs' (eagle3.devices owns them)."""
+    from eagle3.config import default
+    from eagle3.devices import PRECISIONS
+    from eagle3.evaluate import EvaluateConfig
+    from eagle3.extract import ExtractConfig
+    from eagle3.regenerate import RegenerateConfig
+    from eagle3.train import TrainConfig
+
+    configs = (ExtractConfig, TrainConfig, EvaluateConfig, RegenerateConfig)
+    assert {default(cls, "precision") for cls in configs} == {dag.params["precision"]} == {"auto"}
+    assert dag.params.get_param("precision").schema["enum"] == list(PRECISIONS)
+    ctx = {"params": {**{k: dag.params[k] for k in dag.params}, "precision": "bfloat16", "storage_root": "/r"},
+           "run_id": "r1"}
+    for task_id in ("extract", "train", "evaluate", "regenerate"):
+        task = dag.get_task(task_id)
+        cfg = task.render_template(task.partial_kwargs["config"] if hasattr(task, "partial_kwargs") else task.config,
+                                   ctx, jinja_env=dag.get_template_env())
+        assert cfg["precision"] == "bfloat16", task_id
+
+
 def test_params_reach_the_config_with_their_type(dag):
     """render_template_as_native_obj: an int Param renders as an int, a list as a list, None as None."""
     params = {**{k: dag.params[k] for k in dag.params}, "extract_tokens_per_s": 750, "seed": 7,

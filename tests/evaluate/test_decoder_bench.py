@@ -59,6 +59,29 @@ def test_evaluate_writes_a_lossless_report(tiny_llama_dir, tiny_draft, prompts, 
     assert report["sim_accept_len_k"] == pytest.approx(1 + 0.5 + 0.5 * 0.4)  # its acc_0, acc_1 over k=3 steps
 
 
+def test_both_decodes_run_at_one_named_precision(tiny_llama_dir, tiny_draft, prompts, tmp_path):
+    """bf16 forced (the slow path on an AVX2-only CPU; short on the tiny model): the baseline and the speculative
+    decode run the one bf16 target, so the lossless check compares like with like, and report.json says so."""
+    from eagle3.devices import resolve_precision
+
+    for precision in ("bfloat16", "auto"):
+        cfg = EvaluateConfig(model=tiny_llama_dir, draft=tiny_draft, out=str(tmp_path / precision), prompts=prompts,
+                             limit=2, max_new_tokens=12, device="cpu", precision=precision)
+        summary = evaluate(cfg)
+        report = json.loads((tmp_path / precision / "report.json").read_text())
+        want = resolve_precision(precision, "cpu")
+        assert report["precision"] == summary["precision"] == want.to_dict()
+        assert report["dtype"] == want.name and report["lossless"] is True
+
+
+def test_a_mismatch_message_points_at_the_precision():
+    from eagle3.evaluate.decoder_bench import _mismatch_message
+
+    bad = [{"id": "p1", "mismatch": {"position": 3, "baseline_token": 7, "speculative_token": 9}}]
+    assert "--precision float32" in _mismatch_message(bad, "cpu", "bfloat16")
+    assert "near-tie" not in _mismatch_message(bad, "cpu", "float32")
+
+
 def test_evaluate_reports_each_prompt_set(tiny_llama_dir, tiny_draft, prompts, tmp_path):
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"prompt": "Name a colour."}) + "\n")

@@ -67,3 +67,23 @@ def test_stage_with_hf_backend(tiny_llama_dir, tmp_path):
 def test_smollm2_answers_sensibly(smollm2_dir):
     results, _ = asyncio.run(_answers(smollm2_dir, 2, [[{"role": "user", "content": "What is the capital of France?"}]]))
     assert "Paris" in results[0].content
+
+
+def test_stage_records_the_precision_it_generated_in(tiny_llama_dir, tmp_path):
+    """stats.json's this_run names the compute precision (forced bf16 here: the slow path on an AVX2-only CPU,
+    short on the tiny model); the records' settings do not (so a resume on another machine kind is allowed)."""
+    import json
+
+    from eagle3.devices import resolve_precision
+
+    manifest = write_dataset(tmp_path, conversations(2, turns=1))
+    for precision in ("auto", "bfloat16"):
+        out = tmp_path / f"out-{precision}"
+        summary = regenerate(RegenerateConfig(manifest=str(manifest), out=str(out), backend="hf", model=tiny_llama_dir,
+                                              concurrency=2, max_tokens=4, precision=precision))
+        got = summary["datasets"]["chat"]["this_run"]["precision"]
+        want = resolve_precision(precision, "cpu")
+        assert got == want.to_dict() and got["requested"] == precision
+        assert json.loads((out / "chat/stats.json").read_text())["this_run"]["precision"] == got
+        assert all("precision" not in r["regeneration"] for r in read_jsonl(out / "chat/regenerated.jsonl"))
+

@@ -12,10 +12,10 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
+from tests.train.train_helpers import REPO
 from eagle3.train.loop import train
 from eagle3.checkpoint import read_metrics
-from test_loop import cfg_for, losses
+from tests.train.test_loop import cfg_for, losses
 
 STEPS = 6
 
@@ -59,7 +59,7 @@ def test_two_gloo_ranks_match_one_process(tiny_store, tmp_path):
 
 def test_nproc_launcher_keeps_exit_code_75_for_an_oom(tiny_store, tmp_path):
     """`eagle3 train --nproc 2` runs torchrun and still exits 75 on an OOM (torchrun alone would exit 1)."""
-    from conftest import run_cli
+    from tests.train.train_helpers import run_cli
     from eagle3 import checkpoint
     from eagle3.oom import INJECT_ENV
 

@@ -11,12 +11,12 @@ import torch
 
 from tests.train.vocab_files import write_vocab
 
-from conftest import run_cli
+from tests.train.train_helpers import run_cli
 from eagle3.errors import GpuOutOfMemory
 from eagle3 import checkpoint
 from eagle3.train.loop import train
 from eagle3.oom import INJECT_ENV
-from test_loop import cfg_for, losses
+from tests.train.test_loop import cfg_for, losses
 
 STEPS = 6
 

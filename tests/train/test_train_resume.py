@@ -13,11 +13,11 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, run_cli
+from tests.train.train_helpers import REPO, run_cli
 from eagle3 import checkpoint
 from eagle3.train.loop import train
 from eagle3.checkpoint import read_metrics
-from test_loop import cfg_for, losses
+from tests.train.test_loop import cfg_for, losses
 
 STEPS = 14
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import build_store
+from tests.train.train_helpers import build_store
 from eagle3.train.config import TrainConfig
 from eagle3.train.loop import train
 from eagle3.checkpoint import read_metrics
