@@ -124,12 +124,12 @@ class StoreWriter:
     def adapt_path(self) -> str:
         return st.join(self.uri, f"adapt-{self.task}.json")
 
-    def write_shard(self, samples: list[dict], name: str | None = None) -> dict:
+    def write_shard(self, samples: list[dict], shard_name: str | None = None) -> dict:
         """Write one shard atomically, then record it in the task index.
 
         samples: dicts with ``id``, ``input_ids``, ``loss_mask`` (1-D tensors of
         length T_i) and ``tensors`` (per-token tensors [T_i, ...] from
-        :func:`eagle3.extract.codec.encode`). ``name``: rewrite that shard (a repair) instead of
+        :func:`eagle3.extract.codec.encode`). ``shard_name``: rewrite that shard (a repair) instead of
         adding the next one. Returns the index entry.
         """
         import torch
@@ -149,7 +149,7 @@ class StoreWriter:
             tensors[name] = torch.cat([s["tensors"][name] for s in samples]).contiguous()
         ids = [s["id"] for s in samples]
         meta = {"sample_ids": json.dumps(ids), "storage": self.storage, "format": FORMAT}
-        name = name or f"shard-{self.task}-{self.next_seq():05d}.safetensors"
+        name = shard_name or f"shard-{self.task}-{self.next_seq():05d}.safetensors"
         digest = _atomic_save(self.uri, name, lambda p: save_safetensors(tensors, p, meta))
         entry = {"sha256": digest, "samples": len(ids), "tokens": int(offsets[-1]),
                  "sample_ids": ids, "sample_tokens": lengths,
