@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ import pytest
 from eagle3 import storage
 
 REPO = Path(__file__).resolve().parents[2]
-KILLS = 4  # kill points per stage (spread over the points its reference run reached)
+KILLS = 3  # kill points per stage (spread over the points its reference run reached)
 
 
 def _env(tmp: Path, **extra) -> dict:
@@ -37,8 +38,18 @@ def _env(tmp: Path, **extra) -> dict:
 
 def _run(tmp: Path, stage: str, args: list[str], **env) -> subprocess.CompletedProcess:
     (tmp / "tmpdir").mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "eagle3.cli", stage, *args], cwd=REPO, env=_env(tmp, **env),
+    t0, cpu0 = time.monotonic(), _child_cpu_s()
+    done = subprocess.run([sys.executable, "-m", "eagle3.cli", stage, *args], cwd=REPO, env=_env(tmp, **env),
                           capture_output=True, text=True, timeout=300)
+    print(f"{stage} {sorted(env)} rc={done.returncode} wall {time.monotonic() - t0:.1f}s cpu {_child_cpu_s() - cpu0:.1f}s")
+    return done
+
+
+def _child_cpu_s() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -174,7 +185,7 @@ def _train_comparable(files: dict) -> dict:
 @pytest.mark.slow
 def test_kill_points_of_every_stage_resume_to_identical_artifacts(tmp_path, tiny_llama_dir):
     rng = np.random.default_rng(3)
-    for name, n in (("alpha", 40), ("beta", 30)):
+    for name, n in (("alpha", 24), ("beta", 16)):
         with open(tmp_path / f"{name}.jsonl", "w") as f:
             for i in range(n):
                 f.write(json.dumps(_conversation(rng, i)) + "\n")
@@ -195,7 +206,7 @@ def test_kill_points_of_every_stage_resume_to_identical_artifacts(tmp_path, tiny
                store, _extract_accepted)
     kill_chain(tmp_path, "train", ["--store", str(store), "--vocab", str(vocab), "--out", str(ckpt),
                                    "--model", tiny_llama_dir, "--ttt-length", "2", "--token-budget", "128",
-                                   "--grad-accum", "1", "--lr", "3e-3", "--max-steps", "5", "--log-every", "1",
+                                   "--grad-accum", "1", "--lr", "3e-3", "--max-steps", "4", "--log-every", "1",
                                    "--save-every", "1", "--keep", "100", "--eval-every", "0", "--init", "random",
                                    "--device", "cpu", "--precision", "float32"],
                ckpt, _train_accepted, _train_comparable)
