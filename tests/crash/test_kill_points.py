@@ -1,6 +1,6 @@
 """kill -9 at many points of tokenize, merge, extract, train and export (real `eagle3 <stage>` subprocesses).
 
-For each stage: a reference run logs every kill point it reaches ($EAGLE3_KILL_LOG; eagle3.storage.kill_point:
+For each stage: a reference run (in the test process) logs every kill point it reaches ($EAGLE3_KILL_LOG; eagle3.storage.kill_point:
 each atomic publish, each tokenize batch, merge bucket, extract batch); then, into the same folder, a chain
 of runs each SIGKILLs itself at one of those points ($EAGLE3_KILL_AT=*:k), each resuming what the last one
 left. After every kill, what the stage's readers would accept must be whole (equal to the reference) or
@@ -45,6 +45,24 @@ def _run(tmp: Path, stage: str, args: list[str], **env) -> subprocess.CompletedP
     return done
 
 
+def _reference(stage: str, args: list[str], log: Path) -> None:
+    """The uninterrupted run, in this process (no second torch import), on one thread as the subprocesses."""
+    import torch
+
+    from eagle3.cli import main
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    os.environ[storage.KILL_LOG_ENV] = str(log)
+    t0 = time.process_time()
+    try:
+        assert main([stage, *args]) == 0
+    finally:
+        os.environ.pop(storage.KILL_LOG_ENV)
+        torch.set_num_threads(threads)
+    print(f"{stage} reference in-process cpu {time.process_time() - t0:.1f}s")
+
+
 def _child_cpu_s() -> float:
     import resource
 
@@ -66,12 +84,11 @@ def _picks(n_points: int) -> list[int]:
 
 
 def kill_chain(tmp: Path, stage: str, args: list[str], out: Path, accepted, comparable=lambda f: f) -> dict:
-    """Reference run, then a chain of killed runs into the same ``out``, then a clean one; returns the
+    """Reference run (in this process), then a chain of killed runs into the same ``out``, then a clean one; returns the
     reference's files. ``accepted(out, ref)`` asserts what a reader would take from a killed run's folder
     is whole; ``comparable`` maps the files to what must be byte-identical."""
     log = tmp / f"{stage}-points.log"
-    ref_run = _run(tmp, stage, args, EAGLE3_KILL_LOG=str(log))
-    assert ref_run.returncode == 0, ref_run.stderr[-3000:]
+    _reference(stage, args, log)
     ref = _files(out)
     points = log.read_text().split()
     assert len(points) >= 3, points
