@@ -176,6 +176,7 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
     blob = save(tensors, metadata={"format": "pt", "source": step_dir})
     config = draft_config_json(draft_cfg, cfg.dtype)
     # Weights first, then their checksum, config last: a DRAFT with a config.json is complete.
+    storage.sweep_tmp(cfg.out)  # temp files of killed exports (never a live one's)
     storage.delete(storage.join(cfg.out, "config.json"))  # a killed re-export must not look complete
     sha = storage.write_bytes(storage.join(cfg.out, "model.safetensors"), blob)
     storage.write_json(storage.join(cfg.out, CHECKSUMS), {"model.safetensors": sha})
