@@ -35,7 +35,9 @@ log = logging.getLogger(__name__)
 
 TOKENIZE_VERSION = "1"  # bump when the output for the same inputs changes
 TEMPLATE_ERROR = "chat template error"
-FILES = ("tokenized.parquet", "rejects.jsonl", "stats.json", "fingerprint.json")  # fingerprint last: commit marker
+# fingerprint last: the commit marker. stats.json (with the Parquet's sha256) before the Parquet: a kill between
+# them leaves a new checksum beside an old or no tokenized.parquet, which merge refuses or does not see.
+FILES = ("rejects.jsonl", "stats.json", "tokenized.parquet", "fingerprint.json")
 
 
 @dataclass(frozen=True)

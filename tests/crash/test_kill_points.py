@@ -130,7 +130,7 @@ def _without_timing(files: dict) -> dict:
 
 
 def _tokenize_accepted(prep: Path, ref: dict) -> None:
-    """What merge would read (a dataset folder with stats.json) is whole: every published file equals the
+    """What merge would read (tokenized.parquet, checked against stats.json) is whole: every published file equals the
     reference's, and a folder with its commit marker (fingerprint.json) has all of them."""
     from eagle3.tokenize.stage import FILES, check_tokenized
 
@@ -142,7 +142,7 @@ def _tokenize_accepted(prep: Path, ref: dict) -> None:
     for ds in (p for p in prep.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if (ds / "fingerprint.json").exists():
             assert all((ds / f).exists() for f in FILES)
-        if (ds / "stats.json").exists():
+        if (ds / "stats.json").exists() and (ds / "tokenized.parquet").exists():  # what merge reads
             check_tokenized(str(ds))
 
 

@@ -154,3 +154,18 @@ def test_merge_reads_and_writes_s3(tmp_path, s3_bucket):
     assert storage.list_files(f"{s3_bucket}/merged") == ["manifest.json", "train.parquet"]
     man = storage.read_json(f"{s3_bucket}/merged/manifest.json")
     assert man["content_hash"] == summary["content_hash"] and man["totals"]["samples_out"] == 8
+
+
+def test_a_damaged_prepared_dataset_is_refused(tmp_path):
+    rng = np.random.default_rng(2)
+    prep = write_prepared(tmp_path / "prep", {"a": random_rows(rng, 10), "b": random_rows(rng, 10)})
+    for name in ("a", "b"):  # as tokenize records it
+        stats_path = os.path.join(prep, name, "stats.json")
+        stats = storage.read_json(stats_path)
+        stats["tokenized_sha256"] = storage.sha256_file(os.path.join(prep, name, "tokenized.parquet"))
+        storage.write_json(stats_path, stats)
+    merge(MergeConfig(prepared=prep, out=str(tmp_path / "ok"), max_seq_len=32))
+    table = pq.read_table(os.path.join(prep, "b", "tokenized.parquet"))
+    pq.write_table(table.slice(0, 9), os.path.join(prep, "b", "tokenized.parquet"))  # a row lost
+    with pytest.raises(InputError, match=r"b/tokenized.parquet.*differs from stats.json.*re-run `eagle3 tokenize`"):
+        merge(MergeConfig(prepared=prep, out=str(tmp_path / "bad"), max_seq_len=32))
