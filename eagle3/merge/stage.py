@@ -180,7 +180,7 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
     parquet_tmp = os.path.join(stage_dir, f"{owner}parquet{storage.TMP_SUFFIX}")
     jsonl_tmp = os.path.join(stage_dir, f"{owner}jsonl{storage.TMP_SUFFIX}")
     with contextlib.ExitStack() as files:  # closed on any error too
-        files.callback(_remove, parquet_tmp, jsonl_tmp)  # after the files are closed; nothing once published
+        files.push(lambda *exc: exc[0] is not None and _remove(parquet_tmp, jsonl_tmp))  # on errors, once closed
         sink = files.enter_context(HashingFile(parquet_tmp))
         writer = files.enter_context(pq.ParquetWriter(sink, output_schema(), compression="zstd",
                                                       use_dictionary=["source"],
@@ -224,10 +224,10 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
                         for a, b in zip(off[:-1], off[1:]):
                             jf.write(json.dumps({"input_ids": g_ids[a:b].tolist(),
                                                  "loss_mask": g_mask[a:b].tolist()}) + "\n")
-        storage.kill_point("merge:publish:train.parquet")
-        os.replace(parquet_tmp, os.path.join(stage_dir, "train.parquet"))
-        if export_jsonl:
-            os.replace(jsonl_tmp, os.path.join(stage_dir, "train.jsonl"))
+    storage.kill_point("merge:publish:train.parquet")  # the writers are closed: the files are whole
+    os.replace(parquet_tmp, os.path.join(stage_dir, "train.parquet"))
+    if export_jsonl:
+        os.replace(jsonl_tmp, os.path.join(stage_dir, "train.jsonl"))
     return digest.hexdigest(), sink.sha256.hexdigest()
 
 

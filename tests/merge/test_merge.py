@@ -169,3 +169,20 @@ def test_a_damaged_prepared_dataset_is_refused(tmp_path):
     pq.write_table(table.slice(0, 9), os.path.join(prep, "b", "tokenized.parquet"))  # a row lost
     with pytest.raises(InputError, match=r"b/tokenized.parquet.*differs from stats.json.*re-run `eagle3 tokenize`"):
         merge(MergeConfig(prepared=prep, out=str(tmp_path / "bad"), max_seq_len=32))
+
+
+def test_an_error_in_the_bucket_phase_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import tempfile
+
+    from eagle3.merge import stage
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmpdir"))
+    (tmp_path / "tmpdir").mkdir()
+    prep = write_prepared(tmp_path / "prep", {"a": random_rows(np.random.default_rng(1), 20)})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(stage, "list_parts", broken)  # only the bucket phase calls it, with train.parquet open
+    with pytest.raises(RuntimeError, match="disk full"):
+        merge(MergeConfig(prepared=prep, out=str(tmp_path / "out"), max_seq_len=32, export_jsonl=True))
+    assert os.listdir(tmp_path / "out") == [] and os.listdir(tmp_path / "tmpdir") == []
