@@ -49,7 +49,9 @@ def read_merged(uri: str) -> tuple[list[Sample], MergedTokens]:
     path = uri if uri.endswith(".parquet") else st.join(uri, "train.parquet")
     if not st.exists(path):
         raise InputError(f"merged dataset {path} not found; run `eagle3 merge --out {uri}` first")
-    table = pq.read_table(st.local_path(path), columns=["id", "input_ids", "loss_mask"])
+    from eagle3.merge.stage import checked_train_parquet
+
+    table = pq.read_table(checked_train_parquet(path), columns=["id", "input_ids", "loss_mask"])
     ids_col = table.column("input_ids").combine_chunks()
     mask_col = table.column("loss_mask").combine_chunks()
     offsets = ids_col.offsets.to_numpy().astype(np.int64)

@@ -231,6 +231,21 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
     return digest.hexdigest(), sink.sha256.hexdigest()
 
 
+def checked_train_parquet(merged: str) -> str:
+    """The local path of MERGED/train.parquet after checking it against manifest.json's sha256 (for the stages
+    that read it after the gate: vocab, extract). InputError naming the file and the repair when it differs;
+    a folder without a manifest (a hand-made train.parquet) is read unchecked."""
+    path = merged if merged.endswith(".parquet") else storage.join(merged, "train.parquet")
+    folder = path.rsplit("/", 1)[0] if storage.is_s3(path) else os.path.dirname(path)
+    man_uri = storage.join(folder, "manifest.json")
+    local = storage.local_path(path)
+    want = (storage.read_json(man_uri).get("checksums") or {}).get("train.parquet") if storage.exists(man_uri) else None
+    if want and (got := storage.sha256_file(local)) != want:
+        raise InputError(f"sha256 {got} differs from manifest.json's {want}: the file changed or was damaged after "
+                         f"merge wrote it; re-run `eagle3 merge --out {folder}` (and the verify gate)", file=path)
+    return local
+
+
 def _remove(*paths: str) -> None:
     for p in paths:
         with contextlib.suppress(FileNotFoundError):

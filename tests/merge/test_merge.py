@@ -186,3 +186,19 @@ def test_an_error_in_the_bucket_phase_leaves_no_temporary_file(tmp_path, monkeyp
     with pytest.raises(RuntimeError, match="disk full"):
         merge(MergeConfig(prepared=prep, out=str(tmp_path / "out"), max_seq_len=32, export_jsonl=True))
     assert os.listdir(tmp_path / "out") == [] and os.listdir(tmp_path / "tmpdir") == []
+
+
+def test_readers_after_the_gate_refuse_a_changed_train_parquet(tmp_path):
+    from eagle3.merge.stage import checked_train_parquet
+    from eagle3.vocab import VocabConfig, vocab
+
+    prep = write_prepared(tmp_path / "prep", {"a": random_rows(np.random.default_rng(3), 20)})
+    out = str(tmp_path / "out")
+    merge(MergeConfig(prepared=prep, out=out, max_seq_len=32))
+    assert checked_train_parquet(out) == os.path.join(out, "train.parquet")
+    table = pq.read_table(os.path.join(out, "train.parquet"))
+    pq.write_table(table.slice(1), os.path.join(out, "train.parquet"))
+    with pytest.raises(InputError, match="train.parquet.*differs from manifest.json.*re-run `eagle3 merge"):
+        checked_train_parquet(os.path.join(out, "train.parquet"))
+    with pytest.raises(InputError, match="differs from manifest.json"):
+        vocab(VocabConfig(merged=out, out=str(tmp_path / "vocab"), draft_vocab_size=8))
