@@ -257,11 +257,12 @@ BUCKETS_NAME = "eagle3-merge-buckets"  # the bucket folder: tmp_prefix(BUCKETS_N
 
 def _sweep_leftovers(out: str) -> None:
     """Bucket folders and half-written outputs of killed merges (never a live merge's: eagle3.storage.sweep_tmp).
-    A killed merge's manifest.json would describe the old train.parquet, so it goes first: a merged folder
-    without one is never taken for complete."""
+    The old manifest.json (and the gate's verify.json) would describe the old train.parquet, so they go first:
+    a merged folder without a manifest is never taken for complete."""
     storage.sweep_tmp(tempfile.gettempdir(), f".{BUCKETS_NAME}.*{storage.TMP_SUFFIX}")
     storage.sweep_tmp(out)
-    storage.delete(storage.join(out, "manifest.json"))
+    for name in ("manifest.json", "verify.json"):  # both describe the train.parquet about to be replaced
+        storage.delete(storage.join(out, name))
 
 
 def run(cfg: MergeConfig) -> dict:
