@@ -83,7 +83,9 @@ class TargetCapture:
         if self._head32 is None:
             self._head32 = head.weight.detach().float()
         bias = getattr(head, "bias", None)
-        return F.linear(hidden.to(self._head32.device).float(), self._head32, None if bias is None else bias.float())
+        with torch.autocast(device_type=self._head32.device.type, enabled=False):  # fp32 inside autocast too
+            return F.linear(hidden.to(self._head32.device).float(), self._head32,
+                            None if bias is None else bias.float())
 
     @torch.inference_mode()
     def forward(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
