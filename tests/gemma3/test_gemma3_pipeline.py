@@ -43,21 +43,23 @@ def test_gemma3_through_every_stage_cli(tmp_path):
     assert "<start_of_turn>" in (model_dir / "chat_template.jinja").read_text()
 
     demo, out = tmp_path / "demo", tmp_path
-    _stage(out, "demo-data", "--out", str(demo), "--scale", "0.03", "--regenerate", "coding")
+    _stage(out, "demo-data", "--out", str(demo), "--scale", "0.015", "--regenerate", "coding")
     manifest = str(demo / "manifest.yaml")
     regen = _stage(out, "regenerate", "--manifest", manifest, "--out", str(out / "regen"), "--backend", "hf",
-                   "--model", GEMMA3_ALIAS, "--datasets", "coding", "--max-tokens", "16", "--device", "cpu",
+                   "--model", GEMMA3_ALIAS, "--datasets", "coding", "--max-tokens", "8", "--device", "cpu",
                    "--precision", "float32")
     regenerated = out / "regen" / "coding" / "regenerated.jsonl"
-    assert regenerated.exists() and len(regenerated.read_text().splitlines()) >= 5, regen
+    assert regenerated.exists() and len(regenerated.read_text().splitlines()) >= 2, regen
 
-    _stage(out, "tokenize", "--manifest", manifest, "--model", GEMMA3_ALIAS, "--out", str(out / "prep"))
+    # The demo corpus plants 2 bad lines in `instructions`: at this scale they are 20% of it.
+    _stage(out, "tokenize", "--manifest", manifest, "--model", GEMMA3_ALIAS, "--out", str(out / "prep"),
+           "--max-reject-share", "0.5")
     _stage(out, "tokenize", "--manifest", manifest, "--model", GEMMA3_ALIAS, "--out", str(out / "prep"),
            "--dataset", "coding", "--source-override", str(regenerated), "--force")
     _stage(out, "merge", "--prepared", str(out / "prep"), "--out", str(out / "merged"), "--manifest", manifest,
-           "--max-seq-len", "192", "--drop", "long_reports")
+           "--max-seq-len", "128", "--drop", "long_reports")
     merged = json.loads((out / "merged" / "manifest.json").read_text())
-    assert merged["vocab_size"] == 262144  # config.json's lm_head rows (the tokenizer has 262,145 entries)
+    assert merged["vocab_size"] == 262144  # config.json's vocab_size, the lm_head rows
 
     vocab = _stage(out, "vocab", "--merged", str(out / "merged"), "--out", str(out / "vocab"),
                    "--draft-vocab-size", "2048")
@@ -73,8 +75,8 @@ def test_gemma3_through_every_stage_cli(tmp_path):
     assert "transformers" in json.dumps(extract)  # Gemma takes the transformers forward, not the lean one
 
     _stage(out, "train", "--store", str(out / "store"), "--vocab", str(out / "vocab"), "--out", str(out / "ckpt"),
-           "--merged", str(out / "merged"), "--model", GEMMA3_ALIAS, "--max-steps", "12", "--ttt-length", "2",
-           "--token-budget", "512", "--lr", "3e-3", "--device", "cpu", "--precision", "float32")
+           "--merged", str(out / "merged"), "--model", GEMMA3_ALIAS, "--max-steps", "6", "--ttt-length", "2",
+           "--token-budget", "256", "--lr", "3e-3", "--device", "cpu", "--precision", "float32")
     _stage(out, "export", "--checkpoint", str(out / "ckpt"), "--out", str(out / "draft"))
     draft_cfg = json.loads((out / "draft" / "config.json").read_text())
     assert draft_cfg["architectures"] == ["LlamaForCausalLMEagle3"] and draft_cfg["hidden_act"] == "silu"
@@ -82,10 +84,10 @@ def test_gemma3_through_every_stage_cli(tmp_path):
     assert draft_cfg["rope_theta"] == 1_000_000.0  # Gemma's full-attention rope
 
     summary = _stage(out, "evaluate", "--model", GEMMA3_ALIAS, "--draft", str(out / "draft"), "--out",
-                     str(out / "eval"), "--prompts", "humaneval", "--limit", "2", "--max-new-tokens", "32",
+                     str(out / "eval"), "--prompts", "humaneval", "--limit", "2", "--max-new-tokens", "24",
                      "--device", "cpu", "--precision", "float32", "--checkpoint", str(out / "ckpt"))
     report = json.loads((out / "eval" / "report.json").read_text())
     assert summary["lossless"] is True and all(p["lossless"] for p in report["prompts"])
     assert report["aux_layer_ids"] == [1, 8, 14]
     assert 1.0 <= summary["acceptance_length"] <= 4.0
-    print(f"gemma3-270m: tau {summary['acceptance_length']:.3f} (2 HumanEval prompts x 32 tokens, k=3), lossless")
+    print(f"gemma3-270m: tau {summary['acceptance_length']:.3f} (2 HumanEval prompts x 24 tokens, k=3), lossless")
