@@ -9,11 +9,19 @@ import math
 import torch
 
 from eagle3.evaluate.spec_decode import Eagle3DraftStepper, TargetRunner, greedy_generate, speculative_generate
-from tests.evaluate.test_spec_decode import OracleDraft
+from tests.evaluate.test_spec_decode import OracleDraft as LlamaOracleDraft
 from tests.gemma3.conftest import SLIDING_WINDOW, tiny_gemma3
 
 PROMPT = [2, 17, 301, 44, 9]
 NEW = 5 * SLIDING_WINDOW  # the decode crosses the window several times
+
+
+class OracleDraft(LlamaOracleDraft):
+    """The SmolLM2-vocab oracle with its wrong proposals kept inside the tiny Gemma's 512 ids."""
+
+    def _propose(self, depth):
+        token, hidden = super()._propose(depth)
+        return token % 512, hidden
 
 
 def _vocab_map(v: int, vd: int):
