@@ -9,13 +9,13 @@ import pytest
 SLIDING_WINDOW = 8
 
 
-def tiny_gemma3(seed: int = 0):
+def tiny_gemma3(seed: int = 0, vocab_size: int = 512):
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(seed)
     cfg = Gemma3TextConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
         num_key_value_heads=1, head_dim=16, sliding_window=SLIDING_WINDOW, max_position_embeddings=1024,
         layer_types=["sliding_attention"] * 5 + ["full_attention"], query_pre_attn_scalar=16,
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
