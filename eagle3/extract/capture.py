@@ -11,7 +11,8 @@ i < L-1, and ``last`` is ``last_hidden_state``. Selecting indices (a list for
 The compute precision comes from ``eagle3.devices.resolve_precision`` (bf16 where the
 machine has a bf16 matrix engine, fp32 elsewhere). On CPU, plain Llama targets run
 through ``lean_llama`` in either precision (fewer memory passes; in bf16 its residual
-stream stays fp32); other models and CUDA use the transformers forward. Whatever the
+stream stays fp32); other models (Gemma 3: GELU, sandwich norms, sliding windows) and
+CUDA use the transformers forward, whose hidden states follow the same convention. Whatever the
 compute precision, ``lm_head`` gives fp32 logits (they become fp8-topk's stored soft
 labels) and the stored tensors are the storage option's (eagle3.storage_options).
 
@@ -50,6 +51,10 @@ class TargetCapture:
         self.lean = lean_llama.LeanLlama(self.model) if why_not is None else None
         self.forward_path = "lean" if self.lean else f"transformers ({why_not})"
         cfg = self.model.config
+        if getattr(cfg, "final_logit_softcapping", None):
+            # Stored `last` states become soft labels as last @ lm_head.T; a capped target's are tanh-capped.
+            raise InputError(f"model {model!r} caps its logits (final_logit_softcapping="
+                             f"{cfg.final_logit_softcapping}); soft labels from `last` assume plain lm_head logits")
         self.num_layers = cfg.num_hidden_layers
         self.hidden_size = cfg.hidden_size
         self.vocab_size = vocab_size(resolve_model(model))
@@ -78,7 +83,9 @@ class TargetCapture:
         if self._head32 is None:
             self._head32 = head.weight.detach().float()
         bias = getattr(head, "bias", None)
-        return F.linear(hidden.to(self._head32.device).float(), self._head32, None if bias is None else bias.float())
+        with torch.autocast(device_type=self._head32.device.type, enabled=False):  # fp32 inside autocast too
+            return F.linear(hidden.to(self._head32.device).float(), self._head32,
+                            None if bias is None else bias.float())
 
     @torch.inference_mode()
     def forward(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from eagle3.draft import DraftConfig, Eagle3Draft
@@ -76,22 +77,26 @@ def test_topk_targets_map_target_ids_into_the_draft_vocab():
     assert in_draft.tolist() == [[True, False]]  # row 2's top-1 (id 9) is outside the draft vocab
 
 
-def test_soft_labels_are_fp32_under_bf16_autocast():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_soft_labels_are_fp32_under_bf16_autocast(device):
     """The training step runs under bf16 autocast (on CUDA); the target's logits, hence the
     soft labels and the in-draft mask, must still be the fp32 ones. CPU autocast casts
-    matmul to bf16 just as CUDA's does, so it shows the difference here."""
+    matmul to bf16 just as CUDA's does, so it shows the difference here; on a GPU the CUDA
+    case runs the same check under CUDA autocast."""
     from eagle3.extract.codec import target_logprobs
 
     g = torch.Generator().manual_seed(0)
     v, vd, h = 64, 16, 32
-    last = torch.randn(2, 8, h, generator=g).to(torch.bfloat16)  # the bf16 store's `last`
-    head = torch.randn(v, h, generator=g)
+    last = torch.randn(2, 8, h, generator=g).to(torch.bfloat16).to(device)  # the bf16 store's `last`
+    head = torch.randn(v, h, generator=g).to(device)
     chosen = torch.randperm(v, generator=g)[:vd].sort().values
     d2t, t2d = chosen - torch.arange(vd), torch.zeros(v, dtype=torch.bool)
     t2d[chosen] = True
+    d2t, t2d = d2t.to(device), t2d.to(device)
     batch = {"last": last}
     ref_logits, ref_in = objective.targets(batch, head, d2t, t2d)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         assert (last[0].float() @ head.T).dtype == torch.bfloat16  # autocast is really on for matmul
         logits, in_draft = objective.targets(batch, head, d2t, t2d)
         logp = target_logprobs({"last": last[0]}, head)
@@ -101,3 +106,16 @@ def test_soft_labels_are_fp32_under_bf16_autocast():
     assert torch.equal(in_draft, ref_in)
     assert logp.dtype == torch.float32
     assert torch.equal(logp, target_logprobs({"last": last[0]}, head))
+
+
+def test_extraction_lm_head_is_fp32_under_bf16_autocast(tiny_llama_dir):
+    """fp8-topk's stored soft labels come from TargetCapture.lm_head: fp32 logits even if a caller
+    runs extraction inside a bf16 autocast region (CPU autocast as the stand-in for CUDA's)."""
+    from eagle3.extract.capture import TargetCapture
+
+    cap = TargetCapture(tiny_llama_dir, precision="float32")
+    hidden = torch.randn(5, cap.hidden_size)
+    ref = cap.lm_head(hidden)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = cap.lm_head(hidden)
+    assert got.dtype == torch.float32 and torch.equal(got, ref)
