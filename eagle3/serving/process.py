@@ -51,6 +51,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
+    """Return once no live process is left in the group (SIGKILL is delivered asynchronously; orphaned
+    workers are reaped by init, so a zombie counts as gone)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        live = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                live.append(stat)
+        if not live:
+            return
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    log.warning("processes of group %d still alive %.0f s after SIGKILL", pgid, timeout)
+
+
 class ManagedServer:
     """One server process (or a handle on a running one, see ``connect``). Subclasses set ``engine``
     and build :meth:`command`; they may read their log in :meth:`diagnose`."""
@@ -165,6 +188,7 @@ class ManagedServer:
             break
         if proc.poll() is None:
             proc.wait(timeout=10)
+        _wait_group_gone(pgid)
         log.info("%s server (pid %d) stopped", self.engine, pgid)
 
     def __enter__(self):
