@@ -19,11 +19,12 @@ from eagle3.evaluate import EvaluateConfig, evaluate
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 AUX = (0, 13, 27)  # SmolLM2 has 30 layers; the default would be [1, 14, 26]
-LIMIT, NEW_TOKENS = 3, 32
-# Answers that repeat with period two, where the lens of a token's embedding guesses the token after next.
-REPEATS = ["Write the word 'hello' twenty times, separated by commas.",
-           "Write 'yes, no' ten times, separated by commas.",
-           "Repeat the word 'cat' fifteen times, separated by commas."]
+LIMIT, NEW_TOKENS = 2, 32
+# SmolLM2 answers these with period two ("Hello, hello, hello, ..."), where the lens of a token's embedding
+# guesses the token after next ~45% of the time and the lens of layer 0's output never (measured with
+# transformers: 0.48 / 0.45 vs 0.0 / 0.0).
+REPEATS = ["Write the word 'hello' twenty times, separated by spaces.",
+           "Write the word 'cat' twenty times, separated by spaces."]
 
 
 @pytest.fixture(scope="module")
