@@ -199,3 +199,23 @@ def test_stop_from_another_thread_while_starting_leaves_no_server(fake_vllm, mon
     assert not t.is_alive() and errors and "stopped" in str(errors[0])
     assert len(_starts(fake_vllm)) == 1  # no speculative phase after the stop
     assert not any(alive(p) for p in _pids(fake_vllm))
+
+
+def test_regenerate_serves_through_a_vllm_it_starts_and_stops(fake_vllm, tmp_path, tiny_llama_dir):
+    import yaml
+
+    from eagle3.regenerate import RegenerateConfig, regenerate
+
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]})
+                                                 + "\n" for i in range(3)))
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"datasets": [{"name": "chat", "source": str(tmp_path / "chat.jsonl"),
+                                                                   "format": "messages", "regenerate": True}]}))
+    out = regenerate(RegenerateConfig(manifest=str(tmp_path / "m.yaml"), out=str(tmp_path / "out"), server="vllm",
+                                      model=tiny_llama_dir, precision="float32", max_tokens=8, concurrency=2))
+    (start,) = _starts(fake_vllm)
+    argv = start["argv"]
+    # The model is served under the name the openai path sends, in the stage's resolved precision.
+    assert argv[argv.index("--served-model-name") + 1] == tiny_llama_dir
+    assert argv[argv.index("--dtype") + 1] == "float32" and "--speculative-config" not in argv
+    assert out["datasets"]["chat"]["done"] == 3 and out["datasets"]["chat"]["completion_tokens"] == 24
+    assert not any(alive(p) for p in _pids(fake_vllm))
