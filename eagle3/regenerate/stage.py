@@ -211,10 +211,12 @@ def _engine_server(cfg: RegenerateConfig):
         from eagle3.target import resolve_model
 
         # The target's compute precision, resolved as the hf backend does (vLLM's --dtype; "auto" is ours).
-        dtype = resolve_precision(cfg.precision, resolve_device("auto")).name
+        device = resolve_device("auto")
+        dtype = resolve_precision(cfg.precision, device).name
         tp = ["--tensor-parallel-size", str(cfg.server_tp)] if cfg.server_tp > 1 else []
+        # On CPU torch.compile made a start 4 min longer here (docs/vllm.md); on GPUs CUDA graphs pay off.
         return VLLMServer(resolve_model(cfg.model), port=port, dtype=dtype, served_model_name=cfg.model,
-                          extra_args=[*tp, *cfg.server_args])
+                          enforce_eager=device == "cpu", extra_args=[*tp, *cfg.server_args])
     from eagle3.serving.sglang import SGLangServer
 
     return SGLangServer(cfg.model, tp=cfg.server_tp, port=port, extra_args=cfg.server_args,
