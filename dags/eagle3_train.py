@@ -187,7 +187,10 @@ def eagle3_train():
     verify = Eagle3StageOperator(
         task_id="verify", stage="verify", **common,
         config={"merged": RUN.folder("merged"), "model": "{{ params.model }}", "store": layout.store(ROOT),
-                "storage": "{{ params.storage_option }}", "tokens_per_s": "{{ params.extract_tokens_per_s }}"})
+                "storage": "{{ params.storage_option }}", "tokens_per_s": "{{ params.extract_tokens_per_s }}",
+                # what this run merged with: a stale merge of another run fails the gate
+                "expect_seed": "{{ params.seed }}", "expect_max_seq_len": "{{ params.max_seq_len }}",
+                "expect_drop": "{{ params.drop }}", "expect_manifest": "{{ params.manifest }}"})
     vocab = Eagle3StageOperator(
         task_id="vocab", stage="vocab", **common,
         config={"merged": RUN.folder("merged"), "out": RUN.folder("vocab"),

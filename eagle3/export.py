@@ -171,7 +171,7 @@ def draft_config_json(cfg, dtype: str) -> dict[str, Any]:
 
 def export(cfg: ExportConfig) -> dict[str, Any]:
     """Write DRAFT from the checkpoint; return a small summary."""
-    from safetensors.torch import save
+    from eagle3.extract.store import save_safetensors
 
     from eagle3.checkpoint import resolve_step
 
@@ -187,16 +187,44 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
         raise InputError(f"{step_dir}: t2d has {tensors['t2d'].shape[0]} entries and d2t {tensors['d2t'].shape[0]}, "
                          f"but the draft config says vocab_size {draft_cfg.vocab_size} (the target's lm_head rows, "
                          f"which SGLang and vLLM index t2d over) and draft_vocab_size {draft_cfg.draft_vocab_size}")
-    blob = save(tensors, metadata={"format": "pt", "source": step_dir})
     config = draft_config_json(draft_cfg, cfg.dtype)
-    # Weights first, config last: a DRAFT with a config.json is complete.
-    sha = storage.write_bytes(storage.join(cfg.out, "model.safetensors"), blob)
+    # Weights first, then their checksum, config last: a DRAFT with a config.json is complete.
+    storage.sweep_tmp(cfg.out)  # temp files of killed exports (never a live one's)
+    storage.delete(storage.join(cfg.out, "config.json"))  # a killed re-export must not look complete
+    # The header written with sorted keys (safetensors' own writer orders metadata by hash: other bytes each run).
+    with storage.atomic_file(storage.join(cfg.out, "model.safetensors")) as tmp:
+        save_safetensors(tensors, str(tmp), {"format": "pt", "source": step_dir})
+        sha, size = storage.sha256_file(tmp), tmp.stat().st_size
+    storage.write_json(storage.join(cfg.out, CHECKSUMS), {"model.safetensors": sha})
     storage.write_json(storage.join(cfg.out, "config.json"), config)
-    summary = {"out": cfg.out, "source": step_dir, "tensors": len(tensors), "bytes": len(blob),
+    summary = {"out": cfg.out, "source": step_dir, "tensors": len(tensors), "bytes": size,
                "sha256": sha, "dtype": cfg.dtype, "draft_vocab_size": draft_cfg.draft_vocab_size,
                "aux_layer_ids": list(draft_cfg.aux_layer_ids)}
-    log.info("exported %s -> %s (%d tensors, %.1f MB)", step_dir, cfg.out, len(tensors), len(blob) / 1e6)
+    log.info("exported %s -> %s (%d tensors, %.1f MB)", step_dir, cfg.out, len(tensors), size / 1e6)
     return summary
+
+
+CHECKSUMS = "checksums.json"
+"""{file: sha256} of an exported draft's weights; engines ignore it, evaluate checks it (:func:`check_draft`)."""
+
+
+def check_draft(draft_dir: str) -> None:
+    """Refuse an exported draft that is incomplete or whose weights differ from the sha256 export recorded
+    (InputError naming the file and the repair). A draft exported before checksums were recorded passes."""
+    repair = f"re-run `eagle3 export --out {draft_dir}` from the checkpoint"
+    if not storage.exists(storage.join(draft_dir, "config.json")):
+        raise InputError(f"no config.json: not a complete `eagle3 export` output; {repair}", file=draft_dir)
+    sums_uri = storage.join(draft_dir, CHECKSUMS)
+    if not storage.exists(sums_uri):
+        log.warning("%s has no %s (exported by an older version); its weights are not checked", draft_dir, CHECKSUMS)
+        return
+    for name, want in storage.read_json(sums_uri).items():
+        uri = storage.join(draft_dir, name)
+        if not storage.exists(uri):
+            raise InputError(f"missing, but listed in {CHECKSUMS}; {repair}", file=uri)
+        if (got := storage.sha256_file(storage.local_path(uri))) != want:
+            raise InputError(f"sha256 {got} differs from {CHECKSUMS}'s {want}: the file changed or was damaged "
+                             f"after export; {repair}", file=uri)
 
 
 def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):

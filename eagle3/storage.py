@@ -142,8 +142,110 @@ def read_json(uri: str | os.PathLike) -> Any:
 
 
 TMP_SUFFIX = ".tmp"
-"""Every temporary file or folder this package makes next to a destination is ``.<name>.<random>.tmp``:
-a reader never takes one for an artifact, and leftovers of a killed run can be found and swept."""
+"""Every temporary file or folder this package makes next to a destination is
+``.<name>.<pid>-<host>.<random>.tmp`` (:func:`tmp_prefix`): a reader never takes one for an artifact, and
+leftovers of a killed run can be told from a live run's and swept (:func:`sweep_tmp`)."""
+
+STALE_TMP_AGE_S = 24 * 3600
+"""A temporary entry whose owner cannot be checked (another host, or an older name without an owner) is
+swept only when nothing in it changed for this long."""
+
+
+def _host_tag() -> str:
+    import socket
+
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def tmp_prefix(name: str) -> str:
+    """``.<name>.<pid>-<host>.``: the prefix of a temporary entry named for ``name`` and owned by this process."""
+    return f".{name}.{os.getpid()}-{_host_tag()}."
+
+
+def _owner_alive(entry: str) -> bool | None:
+    """True/False when ``entry`` names its owner on this host (whether that process still runs); None
+    when the owner cannot be checked from here."""
+    import re
+
+    m = re.search(r"\.(\d+)-([0-9a-f]{8})\.[^./]+(?:\.old)?\.tmp$", entry)
+    if not m or m.group(2) != _host_tag():
+        return None
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _newest_mtime(path: Path) -> float:
+    newest = path.lstat().st_mtime
+    if path.is_dir():
+        for p in path.rglob("*"):
+            with contextlib.suppress(OSError):
+                newest = max(newest, p.lstat().st_mtime)
+    return newest
+
+
+def sweep_tmp(folder: str | os.PathLike, pattern: str = ".*" + TMP_SUFFIX, *,
+              max_age_s: float = STALE_TMP_AGE_S) -> list[str]:
+    """Remove the temporary entries in ``folder`` (matching ``pattern``) that a killed run left behind.
+
+    Never a live run's: an entry whose owner (pid, host) is a running process on this host is kept; one
+    whose owner cannot be checked (another host, or no owner in its name) is removed only when nothing in
+    it changed for ``max_age_s``. Returns the removed paths. S3 folders: nothing to do (uploads are
+    all-or-nothing there).
+    """
+    import time
+
+    if is_s3(folder) or not Path(folder).is_dir():
+        return []
+    removed = []
+    now = time.time()
+    for p in sorted(Path(folder).glob(pattern)):
+        alive = _owner_alive(p.name)
+        try:
+            if alive or (alive is None and now - _newest_mtime(p) < max_age_s):
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(str(p))
+    if removed:
+        import logging
+
+        logging.getLogger(__name__).info("swept %d temporary entries of killed runs in %s: %s", len(removed),
+                                         folder, ", ".join(Path(r).name for r in removed[:5]))
+    return removed
+
+
+def kill_point(name: str) -> None:
+    """Crash-test hook: with ``$EAGLE3_KILL_AT=<point>:<n>`` this process SIGKILLs itself the n-th time it
+    reaches a matching point (``<point>`` is a name, a family such as ``publish`` for every
+    ``publish:<file>``, or ``*`` for all); ``$EAGLE3_KILL_LOG=FILE`` appends each point reached, one a line.
+    A no-op unless one of them is set (tests/crash loops over the logged points)."""
+    at, log_file = os.environ.get(KILL_AT_ENV), os.environ.get(KILL_LOG_ENV)
+    if not at and not log_file:
+        return
+    if log_file:
+        with open(log_file, "a") as f:
+            f.write(name + "\n")
+    if at:
+        want, _, n = at.rpartition(":")
+        if want == "*" or name == want or name.startswith(want + ":"):
+            _kill_hits[0] += 1
+            if _kill_hits[0] == int(n):
+                import signal
+
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+KILL_AT_ENV, KILL_LOG_ENV = "EAGLE3_KILL_AT", "EAGLE3_KILL_LOG"
+_kill_hits = [0]
 
 
 def _fsync_dir(path: Path) -> None:
@@ -171,12 +273,13 @@ def atomic_file(uri: str | os.PathLike) -> Iterator[Path]:
         return
     dest = Path(uri)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=TMP_SUFFIX, dir=dest.parent)
+    fd, tmp = tempfile.mkstemp(prefix=tmp_prefix(dest.name), suffix=TMP_SUFFIX, dir=dest.parent)
     os.close(fd)
     try:
         yield Path(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        kill_point(f"publish:{dest.name}")
         os.replace(tmp, dest)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -202,15 +305,16 @@ def atomic_dir(uri: str | os.PathLike) -> Iterator[Path]:
         return
     dest = Path(uri)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=TMP_SUFFIX, dir=dest.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(dest.name), suffix=TMP_SUFFIX, dir=dest.parent))
     try:
         yield tmp
         for f in tmp.rglob("*"):
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
+        kill_point(f"publish:{dest.name}")
         if dest.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".old" + TMP_SUFFIX, dir=dest.parent))
+            trash = Path(tempfile.mkdtemp(prefix=tmp_prefix(dest.name), suffix=".old" + TMP_SUFFIX, dir=dest.parent))
             os.rename(dest, trash / dest.name)
             os.rename(tmp, dest)
             shutil.rmtree(trash, ignore_errors=True)
@@ -269,6 +373,7 @@ def publish_file(local_path: str | os.PathLike, uri: str | os.PathLike) -> None:
         os.unlink(local_path)
         return
     Path(uri).parent.mkdir(parents=True, exist_ok=True)
+    kill_point(f"publish:{Path(uri).name}")
     try:
         os.replace(local_path, uri)
     except OSError:  # another file system: copy, then drop the original

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 from eagle3 import storage
 from eagle3.errors import InputError
@@ -102,9 +101,7 @@ def _prune(out: str, keep: int) -> None:
                 storage.delete(storage.join(d, rel))
         else:
             shutil.rmtree(d, ignore_errors=True)
-    if not storage.is_s3(out):  # leftovers of a killed save
-        for tmp in Path(out).glob(f".{STEP_PREFIX}*{storage.TMP_SUFFIX}"):
-            shutil.rmtree(tmp, ignore_errors=True)
+    storage.sweep_tmp(out)  # leftovers of a killed save (never a live run's)
 
 
 def latest_step_dir(out: str) -> str | None:

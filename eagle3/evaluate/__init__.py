@@ -28,6 +28,9 @@ def evaluate(cfg: EvaluateConfig) -> dict:
 
     Raises GateFailed (after writing the report) when any engine's speculative output differs from its baseline's.
     """
+    from eagle3.export import check_draft
+
+    check_draft(cfg.draft)  # the weights match what export wrote, before any engine loads them
     if cfg.backend == "sglang":
         from eagle3.evaluate.sglang_bench import from_evaluate_config, sglang_benchmark
 

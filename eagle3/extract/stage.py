@@ -12,7 +12,6 @@ starts from that budget.
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import time
@@ -50,7 +49,9 @@ def read_merged(uri: str) -> tuple[list[Sample], MergedTokens]:
     path = uri if uri.endswith(".parquet") else st.join(uri, "train.parquet")
     if not st.exists(path):
         raise InputError(f"merged dataset {path} not found; run `eagle3 merge --out {uri}` first")
-    table = pq.read_table(st.local_path(path), columns=["id", "input_ids", "loss_mask"])
+    from eagle3.merge.stage import checked_train_parquet
+
+    table = pq.read_table(checked_train_parquet(path), columns=["id", "input_ids", "loss_mask"])
     ids_col = table.column("input_ids").combine_chunks()
     mask_col = table.column("loss_mask").combine_chunks()
     offsets = ids_col.offsets.to_numpy().astype(np.int64)
@@ -72,12 +73,23 @@ def read_merged(uri: str) -> tuple[list[Sample], MergedTokens]:
     return out, tokens
 
 
-def _clean_stale_tmp(uri: str, task: str) -> None:
-    """A killed run may leave half-written temp files of this task; drop them."""
-    if not st.is_s3(uri):
-        for p in glob.glob(os.path.join(uri, f".shard-{task}-*.tmp")) + glob.glob(
-                os.path.join(uri, f".index-{task}.json.*.tmp")):
-            os.unlink(p)
+def _repair_plan(writer, merged: list[Sample], budget: int) -> list[tuple[str, list[list[Sample]]]]:
+    """This task's shards whose file is missing or fails its sha256, each with the batches that re-extract it
+    under its own name (the same samples in the same batches: the same bytes). A bad shard whose samples
+    are no longer all in the merged dataset is dropped instead; its samples that are get extracted anew."""
+    from eagle3.extract.store import corrupted_shards
+
+    bad = corrupted_shards(writer.uri, writer.index(), use_marks=True)
+    by_id = {s.id: s for s in merged}
+    plan = []
+    for name, why in bad.items():
+        ids = writer.index()[name]["sample_ids"]
+        log.warning("extract: %s/%s is corrupted (%s); extracting it again", writer.uri, name, why)
+        if all(i in by_id for i in ids):
+            plan.append((name, cut_batches(order([by_id[i] for i in ids]), budget)))
+        else:
+            writer.drop_shard(name)
+    return plan
 
 
 def run(cfg: ExtractConfig) -> dict:
@@ -112,23 +124,29 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
     writer = StoreWriter(cfg.out, model_fp=model_fingerprint(resolve_model(cfg.model)), model_name=cfg.model,
                          layers=cap.layers, hidden_size=cap.hidden_size, vocab_size=cap.vocab_size,
                          storage=cfg.storage, task=task, precision=cap.precision.to_dict()).open()
-    _clean_stale_tmp(writer.uri, task)
-    done = writer.done_ids()
-    todo = order([s for s in mine if s.id not in done])
+    st.sweep_tmp(writer.uri)  # leftovers of killed runs (never a live task's)
     budget = cfg.token_budget
     if st.exists(writer.adapt_path()):
         adapted = int(st.read_json(writer.adapt_path())["token_budget"])
         if adapted < budget:
             log.info("token budget %d from %s (after an out-of-memory), not %d", adapted, writer.adapt_path(), budget)
             budget = adapted
+    repairs = _repair_plan(writer, mine, budget)
+    done = writer.done_ids()  # a repaired shard's samples too: they are rewritten in place, not added
+    todo = order([s for s in mine if s.id not in done])
+    repaired = sum(len(b) for _, batches in repairs for b in batches)
     bpt = storage_options.bytes_per_token(cfg.storage, cap.hidden_size)
     shards = cut_shards(todo, max(1, int(cfg.shard_mb * 2**20) // bpt))
     plan = [cut_batches(sh, budget) for sh in shards]
+    named = [*repairs, *((None, batches) for batches in plan)]
+    plan = [batches for _, batches in named]
     real, padded = padding_share([b for batches in plan for b in batches])
     summary = {
         "store": writer.uri, "task": task, "device": device, "storage": cfg.storage, "layers": cap.layers,
         "forward": cap.forward_path, "precision": cap.precision.to_dict(),
-        "samples_in_task": len(mine), "samples_skipped": len(mine) - len(todo), "samples_extracted": 0,
+        "samples_in_task": len(mine), "samples_skipped": len(mine) - len(todo) - repaired,
+        "samples_extracted": 0,
+        "shards_repaired": [name for name, _ in repairs],
         "tokens": 0, "shards_written": 0, "bytes_written": 0, "bytes_per_token": bpt, "token_budget": budget,
         "padding_share": round(1 - real / padded, 4) if padded else 0.0,
     }
@@ -136,7 +154,7 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
              "padding %.1f%% of %d padded tokens at budget %d; %s forward in %s (%s)", task, len(mine),
              summary["samples_skipped"], len(todo), real, len(shards), 100 * summary["padding_share"], padded,
              budget, cap.forward_path, cap.precision.name, cap.precision.reason)
-    progress = Progress("extract", len(todo), real, every_s=cfg.progress_every_s, logger=log)
+    progress = Progress("extract", len(todo) + repaired, real, every_s=cfg.progress_every_s, logger=log)
     forward_s, estimated = 0.0, False
     # Rate for the estimate: skip the first batch (warm-up, and the shortest samples), then
     # measure at least one budget's worth of tokens.
@@ -145,7 +163,7 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
         summary["estimate"] = _estimate(cfg, real, len(todo), bpt, cfg.tokens_per_s)
         estimated = True
     slow = float(os.environ.get(SLOW_SHARD_ENV, "0") or 0)
-    for batches in plan:
+    for shard_name, batches in named:
         items = []
         for batch in batches:
             t0 = time.monotonic()
@@ -173,13 +191,14 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
                 estimated = True
                 summary["estimate"] = _estimate(cfg, real, len(todo), bpt, rate_tokens / max(rate_s, 1e-9))
             progress.update(len(batch), pos)
+            st.kill_point("extract:batch")
         if slow:
             time.sleep(slow)
-        entry = writer.write_shard(items)
+        entry = writer.write_shard(items, shard_name)
         summary["shards_written"] += 1
         summary["samples_extracted"] += entry["samples"]
         summary["tokens"] += entry["tokens"]
-    if todo:
+    if plan:
         progress.finish()
     else:
         log.info("extract %s: nothing to do, all %d samples are stored", task, len(mine))

@@ -36,15 +36,18 @@ options (dequantized); call ``.float()`` either way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import time
 
 from eagle3 import storage as st
 from eagle3.errors import InputError
 from eagle3.extract.codec import decode, target_logprobs
 from eagle3.storage_options import TOPK, bytes_per_token, option
 
-__all__ = ["HiddenStateStore", "StoreWriter", "store_key", "target_logprobs", "FORMAT"]
+__all__ = ["HiddenStateStore", "StoreWriter", "VerifiedMarks", "store_key", "target_logprobs", "FORMAT"]
 
 log = logging.getLogger(__name__)
 
@@ -108,17 +111,26 @@ class StoreWriter:
         return set(_read_indexes(self.uri)[1])
 
     def next_seq(self) -> int:
-        return len(self.index())
+        """One past the highest shard number of this task (its count when none was ever dropped)."""
+        seqs = [int(n.rsplit("-", 1)[1].split(".")[0]) for n in self.index()]
+        return max(seqs, default=-1) + 1
+
+    def drop_shard(self, name: str) -> None:
+        """Forget a shard (index entry first, then the file): its samples count as not extracted."""
+        self.index().pop(name, None)
+        st.write_json(st.join(self.uri, f"index-{self.task}.json"), self.index())
+        st.delete(st.join(self.uri, name))
 
     def adapt_path(self) -> str:
         return st.join(self.uri, f"adapt-{self.task}.json")
 
-    def write_shard(self, samples: list[dict]) -> dict:
+    def write_shard(self, samples: list[dict], shard_name: str | None = None) -> dict:
         """Write one shard atomically, then record it in the task index.
 
         samples: dicts with ``id``, ``input_ids``, ``loss_mask`` (1-D tensors of
         length T_i) and ``tensors`` (per-token tensors [T_i, ...] from
-        :func:`eagle3.extract.codec.encode`). Returns the index entry.
+        :func:`eagle3.extract.codec.encode`). ``shard_name``: rewrite that shard (a repair) instead of
+        adding the next one. Returns the index entry.
         """
         import torch
 
@@ -137,7 +149,7 @@ class StoreWriter:
             tensors[name] = torch.cat([s["tensors"][name] for s in samples]).contiguous()
         ids = [s["id"] for s in samples]
         meta = {"sample_ids": json.dumps(ids), "storage": self.storage, "format": FORMAT}
-        name = f"shard-{self.task}-{self.next_seq():05d}.safetensors"
+        name = shard_name or f"shard-{self.task}-{self.next_seq():05d}.safetensors"
         digest = _atomic_save(self.uri, name, lambda p: save_safetensors(tensors, p, meta))
         entry = {"sha256": digest, "samples": len(ids), "tokens": int(offsets[-1]),
                  "sample_ids": ids, "sample_tokens": lengths,
@@ -270,10 +282,18 @@ class HiddenStateStore:
 
     def _handle(self, shard: str):
         if shard not in self._open:
-            from safetensors import safe_open
+            from safetensors import SafetensorError, safe_open
 
-            f = safe_open(st.local_path(st.join(self.uri, shard)), framework="pt")
-            self._open[shard] = (f, f.get_tensor("offsets").tolist())
+            uri = st.join(self.uri, shard)
+            try:
+                f = safe_open(st.local_path(uri), framework="pt")
+                offsets = f.get_tensor("offsets").tolist()
+            except (SafetensorError, OSError) as e:  # truncated, overwritten or gone since the index was written
+                raise InputError(f"shard unreadable ({type(e).__name__}: {e}); {REPAIR}", file=uri) from e
+            if len(offsets) != int(self.shards[shard]["samples"]) + 1:
+                raise InputError(f"shard holds {len(offsets) - 1} samples, its index entry {self.shards[shard]['samples']}"
+                                 f"; {REPAIR}", file=uri)
+            self._open[shard] = (f, offsets)
         return self._open[shard]
 
     def get_raw(self, sample_id: str) -> dict:
@@ -290,13 +310,104 @@ class HiddenStateStore:
         out.update(input_ids=raw["input_ids"], loss_mask=raw["loss_mask"])
         return out
 
-    def verify(self) -> list[str]:
-        """Check every shard's sha256 against the index; returns the problems (empty when all match)."""
-        problems = []
-        for shard, entry in self.shards.items():
-            uri = st.join(self.uri, shard)
-            if not st.exists(uri):
-                problems.append(f"{uri}: missing (listed in an index)")
-            elif (digest := st.sha256_file(st.local_path(uri))) != entry["sha256"]:
-                problems.append(f"{uri}: sha256 {digest} != index {entry['sha256']}")
-        return problems
+    def verify(self, shards=None, *, use_marks: bool = False) -> list[str]:
+        """Check the sha256 of ``shards`` (default: all) against the index; returns the problems (empty when
+        all match). ``use_marks``: skip a shard this machine already verified unchanged (same size, mtime
+        and inode, :class:`VerifiedMarks`); ``$EAGLE3_VERIFY=always`` turns the marks off."""
+        bad = corrupted_shards(self.uri, self.shards, shards, use_marks=use_marks)
+        return [f"{st.join(self.uri, name)}: {why}" for name, why in bad.items()]
+
+    def shards_of(self, sample_ids) -> list[str]:
+        """The shards holding these samples."""
+        return sorted({self._locate(sid)[0] for sid in sample_ids})
+
+    def check(self, sample_ids=None) -> None:
+        """Verify the shards a stage is about to read (default: all) before it uses them: each shard's
+        sha256 against the index, once per unchanged file on this machine (:meth:`verify` with marks).
+        Raises InputError naming every bad shard and the repair."""
+        shards = None if sample_ids is None else self.shards_of(sample_ids)
+        t0 = time.monotonic()
+        problems = self.verify(shards, use_marks=True)
+        log.info("store %s: %d shards checked against their sha256 in %.1fs", self.uri,
+                 len(self.shards if shards is None else shards), time.monotonic() - t0)
+        if problems:
+            raise InputError(f"{len(problems)} corrupted hidden-state shard(s): " + "; ".join(problems[:5])
+                             + f"; {REPAIR}", file=self.uri)
+
+
+REPAIR = ("re-run `eagle3 extract` with the same --merged/--out: it re-extracts every shard whose sha256 does not "
+          "match its index")
+VERIFY_ENV = "EAGLE3_VERIFY"
+
+
+def corrupted_shards(uri: str, entries: dict, names=None, *, use_marks: bool = False) -> dict[str, str]:
+    """{shard: what is wrong} for the shards ``names`` (default: all of ``entries``, {shard: index entry})
+    whose file is missing or whose sha256 differs from its entry."""
+    marks = VerifiedMarks(uri) if use_marks and os.environ.get(VERIFY_ENV) != "always" else None
+    todo, bad = [], {}
+    for shard in sorted(entries if names is None else names):
+        f = st.join(uri, shard)
+        if not st.exists(f):
+            bad[shard] = "missing (listed in an index)"
+            continue
+        path = st.local_path(f)
+        if marks is None or not marks.holds(shard, path, entries[shard]["sha256"]):
+            todo.append((shard, path))
+    for (shard, path), digest in zip(todo, _hash_files([p for _, p in todo])):
+        if digest != entries[shard]["sha256"]:
+            bad[shard] = f"sha256 {digest} != index {entries[shard]['sha256']}"
+        elif marks is not None:
+            marks.add(shard, path, digest)
+    if marks is not None:
+        marks.save()
+    return bad
+
+
+def _hash_files(paths: list[str]) -> list[str]:
+    """sha256 of each file, a few at a time (hashlib releases the GIL, so threads overlap reads and hashing)."""
+    if len(paths) <= 1:
+        return [st.sha256_file(p) for p in paths]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1, len(paths))) as pool:
+        return list(pool.map(st.sha256_file, paths))
+
+
+class VerifiedMarks:
+    """Which shards of a store this machine verified, keyed by the local file's size, mtime and inode.
+
+    A shard rewritten, truncated or replaced since changes one of them and is hashed again; silent bit rot
+    keeps them, so ``$EAGLE3_VERIFY=always`` (or :meth:`HiddenStateStore.verify` without marks) re-hashes
+    everything. Kept in the local cache (eagle3.storage.cache_dir), never in the store: readers do not
+    write to a shared artifact.
+    """
+
+    def __init__(self, store_uri: str):
+        import hashlib
+
+        key = hashlib.sha256(os.path.abspath(store_uri).encode() if not st.is_s3(store_uri)
+                             else store_uri.encode()).hexdigest()[:24]
+        self.path = st.cache_dir() / "verified" / f"{key}.json"
+        try:
+            self.marks = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.marks = {}
+        self._changed = False
+
+    @staticmethod
+    def _stamp(path: str) -> list:
+        s = os.stat(path)
+        return [s.st_size, s.st_mtime_ns, s.st_ino]
+
+    def holds(self, shard: str, path: str, sha256: str) -> bool:
+        m = self.marks.get(shard)
+        return bool(m) and m["sha256"] == sha256 and m["stamp"] == self._stamp(path)
+
+    def add(self, shard: str, path: str, sha256: str) -> None:
+        self.marks[shard] = {"sha256": sha256, "stamp": self._stamp(path)}
+        self._changed = True
+
+    def save(self) -> None:
+        if self._changed:
+            with contextlib.suppress(OSError):  # a read-only cache only costs a re-hash next time
+                st.write_json(self.path, self.marks)

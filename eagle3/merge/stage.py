@@ -176,9 +176,11 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
     import pyarrow.parquet as pq
 
     digest = hashlib.sha256()
-    parquet_tmp = os.path.join(stage_dir, ".train.parquet.tmp")
-    jsonl_tmp = os.path.join(stage_dir, ".train.jsonl.tmp")
-    with contextlib.ExitStack() as files:  # closed on any error too (the staged dir is discarded then)
+    owner = storage.tmp_prefix("train")
+    parquet_tmp = os.path.join(stage_dir, f"{owner}parquet{storage.TMP_SUFFIX}")
+    jsonl_tmp = os.path.join(stage_dir, f"{owner}jsonl{storage.TMP_SUFFIX}")
+    with contextlib.ExitStack() as files:  # closed on any error too
+        files.push(lambda *exc: exc[0] is not None and _remove(parquet_tmp, jsonl_tmp))  # on errors, once closed
         sink = files.enter_context(HashingFile(parquet_tmp))
         writer = files.enter_context(pq.ParquetWriter(sink, output_schema(), compression="zstd",
                                                       use_dictionary=["source"],
@@ -189,6 +191,7 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
                 with pa.OSFile(path) as f:
                     table = pa.ipc.open_stream(f).read_all().combine_chunks()
                 os.unlink(path)
+                storage.kill_point("merge:bucket")
                 cid = np.array(table.column("id").to_pylist(), dtype="S32")
                 sid = np.array(table.column("source_id").to_pylist(), dtype=object).astype(str)
                 src = table.column("_src").to_numpy()
@@ -221,10 +224,45 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
                         for a, b in zip(off[:-1], off[1:]):
                             jf.write(json.dumps({"input_ids": g_ids[a:b].tolist(),
                                                  "loss_mask": g_mask[a:b].tolist()}) + "\n")
+    storage.kill_point("merge:publish:train.parquet")  # the writers are closed: the files are whole
     os.replace(parquet_tmp, os.path.join(stage_dir, "train.parquet"))
     if export_jsonl:
         os.replace(jsonl_tmp, os.path.join(stage_dir, "train.jsonl"))
     return digest.hexdigest(), sink.sha256.hexdigest()
+
+
+def checked_train_parquet(merged: str) -> str:
+    """The local path of MERGED/train.parquet after checking it against manifest.json's sha256 (for the stages
+    that read it after the gate: vocab, extract). InputError naming the file and the repair when it differs;
+    a folder without a manifest (a hand-made train.parquet) is read unchecked."""
+    path = merged if merged.endswith(".parquet") else storage.join(merged, "train.parquet")
+    folder = path.rsplit("/", 1)[0] if storage.is_s3(path) else os.path.dirname(path)
+    man_uri = storage.join(folder, "manifest.json")
+    local = storage.local_path(path)
+    want = (storage.read_json(man_uri).get("checksums") or {}).get("train.parquet") if storage.exists(man_uri) else None
+    if want and (got := storage.sha256_file(local)) != want:
+        raise InputError(f"sha256 {got} differs from manifest.json's {want}: the file changed or was damaged after "
+                         f"merge wrote it; re-run `eagle3 merge --out {folder}` (and the verify gate)", file=path)
+    return local
+
+
+def _remove(*paths: str) -> None:
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+
+
+BUCKETS_NAME = "eagle3-merge-buckets"  # the bucket folder: tmp_prefix(BUCKETS_NAME)...TMP_SUFFIX in the temp dir
+
+
+def _sweep_leftovers(out: str) -> None:
+    """Bucket folders and half-written outputs of killed merges (never a live merge's: eagle3.storage.sweep_tmp).
+    The old manifest.json (and the gate's verify.json) would describe the old train.parquet, so they go first:
+    a merged folder without a manifest is never taken for complete."""
+    storage.sweep_tmp(tempfile.gettempdir(), f".{BUCKETS_NAME}.*{storage.TMP_SUFFIX}")
+    storage.sweep_tmp(out)
+    for name in ("manifest.json", "verify.json"):  # both describe the train.parquet about to be replaced
+        storage.delete(storage.join(out, name))
 
 
 def run(cfg: MergeConfig) -> dict:
@@ -250,8 +288,14 @@ def run(cfg: MergeConfig) -> dict:
     progress = Progress("merge", sum(rows.values()), sum(int(stats[n].get("tokens", 0)) for n in sources) or 1)
     tallies = {n: _Tally(n, u) for n, u in sources.items()}
     drops: list[dict] = []
+    from eagle3.tokenize.stage import check_tokenized
+
+    for n in sources:  # each tokenized.parquet against the sha256 its stats.json records
+        check_tokenized(storage.join(cfg.prepared, n), stats[n])
     n_buckets = _bucket_count(sources, cfg.bucket_mb)
-    with storage.staged_dir(cfg.out) as stage, tempfile.TemporaryDirectory(prefix="eagle3-merge-") as tmp:
+    _sweep_leftovers(cfg.out)
+    with storage.staged_dir(cfg.out) as stage, tempfile.TemporaryDirectory(
+            prefix=storage.tmp_prefix(BUCKETS_NAME), suffix=storage.TMP_SUFFIX) as tmp:
         buckets = _route(sources, cfg, tallies, drops, tmp, n_buckets, progress)
         content_hash, parquet_sha256 = _write_outputs(buckets, list(sources), tallies, drops, str(stage),
                                                       cfg.export_jsonl)

@@ -35,7 +35,9 @@ log = logging.getLogger(__name__)
 
 TOKENIZE_VERSION = "1"  # bump when the output for the same inputs changes
 TEMPLATE_ERROR = "chat template error"
-FILES = ("tokenized.parquet", "rejects.jsonl", "stats.json", "fingerprint.json")  # fingerprint last: commit marker
+# fingerprint last: the commit marker. stats.json (with the Parquet's sha256) before the Parquet: a kill between
+# them leaves a new checksum beside an old or no tokenized.parquet, which merge refuses or does not see.
+FILES = ("rejects.jsonl", "stats.json", "tokenized.parquet", "fingerprint.json")
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,7 @@ class _ParquetOut:
         self.samples += n
         self.tokens += int(off[-1])
         self.loss_tokens += int(loss.sum())
+        storage.kill_point("tokenize:batch")
 
     def close(self) -> None:
         self.writer.close()
@@ -261,10 +264,38 @@ def _tokenize_file(cfg: DatasetConfig, local: str, tok_dir: str, parquet: _Parqu
     return facts
 
 
+def check_tokenized(out_dir: str, stats: dict | None = None) -> str:
+    """The local path of ``out_dir``/tokenized.parquet after checking it against the sha256 its stats.json
+    records; InputError naming the file and the repair when it differs (files written before the checksum
+    was recorded pass unchecked)."""
+    path = storage.join(out_dir, "tokenized.parquet")
+    if stats is None:
+        stats_uri = storage.join(out_dir, "stats.json")
+        stats = storage.read_json(stats_uri) if storage.exists(stats_uri) else {}
+    local = storage.local_path(path)
+    want = stats.get("tokenized_sha256")
+    if want and (got := storage.sha256_file(local)) != want:
+        raise InputError(f"sha256 {got} differs from stats.json's {want}: the file changed or was damaged after "
+                         f"tokenize wrote it; re-run `eagle3 tokenize` for dataset {stats.get('dataset')!r} "
+                         "(it re-tokenizes a dataset whose file fails its checksum)", file=path)
+    return local
+
+
+def _intact(out_dir: str, stats_uri: str) -> bool:
+    """Whether a finished dataset's tokenized.parquet still matches its checksum (else it is tokenized again)."""
+    try:
+        check_tokenized(out_dir, storage.read_json(stats_uri))
+        return True
+    except InputError as e:
+        log.warning("tokenize: %s", e)
+        return False
+
+
 def _publish(tmp: Path, out_dir: str, names: tuple[str, ...]) -> None:
     for name in names:
         if (tmp / name).exists():
             storage.publish_file(tmp / name, storage.join(out_dir, name))
+            storage.kill_point(f"tokenize:published:{name}")
 
 
 def _summary(stats: dict[str, Any], out_dir: str) -> dict[str, Any]:
@@ -284,9 +315,10 @@ def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
     fingerprint = hashlib.sha256(json.dumps(fp_inputs, sort_keys=True).encode()).hexdigest()[:32]
 
     fp_uri, stats_uri = storage.join(out_dir, "fingerprint.json"), storage.join(out_dir, "stats.json")
+    storage.sweep_tmp(out_dir)  # staging folders of killed runs (never a live run's)
     if not cfg.force and storage.exists(fp_uri) and storage.exists(storage.join(out_dir, "tokenized.parquet")):
         old = storage.read_json(fp_uri)
-        if old.get("fingerprint") == fingerprint and storage.exists(stats_uri):
+        if old.get("fingerprint") == fingerprint and storage.exists(stats_uri) and _intact(out_dir, stats_uri):
             stats = {**storage.read_json(stats_uri), "reused": True,
                      "seconds": round(time.monotonic() - start, 3)}
             if stats.get("reject_share", 0.0) > cfg.max_reject_share:  # the threshold is not in the fingerprint
@@ -300,7 +332,8 @@ def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
     staging_parent = None if storage.is_s3(out_dir) else out_dir
     if staging_parent:
         Path(staging_parent).mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tokenize-", dir=staging_parent))
+    tmp = Path(tempfile.mkdtemp(prefix=storage.tmp_prefix("tokenize"), suffix=storage.TMP_SUFFIX,
+                                dir=staging_parent))
     try:
         rejects: list[dict] = []
         parquet = _ParquetOut(tmp / "tokenized.parquet", cfg.name)
@@ -328,6 +361,7 @@ def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
             "max_samples": cfg.max_samples, **facts,
             "fingerprint": fingerprint, "tokenizer_fingerprint": fp_inputs["tokenizer_fingerprint"],
             "seconds": round(time.monotonic() - start, 3), "reused": False,
+            "tokenized_sha256": storage.sha256_file(tmp / "tokenized.parquet"),  # checked by every reader
         }
         (tmp / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
         (tmp / "fingerprint.json").write_text(

@@ -117,6 +117,7 @@ def load_inputs(cfg: TrainConfig) -> TrainInputs:
         ids = _merged_ids(cfg.merged, store)
     if not ids:
         raise InputError(f"the store {store.uri} holds no samples; run `eagle3 extract` first")
+    store.check(ids)  # sha256 of every shard it reads, before the first step
     lengths = {sid: store.num_tokens(sid) for sid in ids}
     train_ids, heldout = data.heldout_split(ids, cfg.heldout_share)
     return TrainInputs(cfg, store, target_dir, dcfg, d2t, t2d, lengths, train_ids, heldout)

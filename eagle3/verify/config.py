@@ -30,8 +30,24 @@ class VerifyConfig:
     """Fail when the estimated extraction time exceeds this (None: report only)."""
     p_threshold: float = 1e-3
     """Family-wise p-value threshold of the uniform-position test (Bonferroni over sources)."""
+    expect_seed: int | None = None
+    """The shuffle seed this run merged with; the manifest must record it (None: not checked)."""
+    expect_max_seq_len: int | None = None
+    """The max_seq_len this run merged with (None: not checked)."""
+    expect_drop: tuple[str, ...] | None = None
+    """The drop list this run merged with; the manifest's dropped datasets must be exactly it (plus the
+    expect_manifest's ``drop: true`` ones). None: not checked."""
+    expect_manifest: str | None = None
+    """The dataset manifest this run merged: its datasets not dropped must be the manifest's sources."""
+    expect_sources: tuple[str, ...] | None = None
+    """The merged sources, when no expect_manifest gives them (None: not checked)."""
 
     def __post_init__(self):
+        from eagle3.merge.config import _names
+
+        for name in ("expect_drop", "expect_sources"):  # "a,b", a list, or None (Airflow Params give either)
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _names(getattr(self, name)))
         storage_options.option(self.storage)
         if self.model and self.hidden_size:
             raise InputError("VerifyConfig: give model or hidden_size, not both")

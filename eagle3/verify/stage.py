@@ -14,6 +14,7 @@ CLI exits non-zero, the DAG fails without retry). Checks:
   uniform_positions  per source, positions are uniform over the file (Kolmogorov-Smirnov)
   reproducible       re-running the seeded permutation gives the same order and content hash
   extraction_space   estimated hidden-state bytes (and hours) fit the free space at the store
+  expectations, totals, dropped_datasets: what this run asked for (eagle3.verify.expectations)
 
 Example:
   eagle3 verify --merged MERGED --model smollm2-135m-instruct --storage fp8 --store STORE --tokens-per-s 3000
@@ -30,6 +31,7 @@ import numpy as np
 from eagle3 import storage, storage_options
 from eagle3.errors import GateFailed, InputError
 from eagle3.verify.config import VerifyConfig
+from eagle3.verify.expectations import expectation_checks
 from eagle3.merge.arrays import content_id, list_parts, segment_sums, shuffle_order
 
 log = logging.getLogger(__name__)
@@ -244,6 +246,7 @@ def run(cfg: VerifyConfig) -> dict:
     checks += _row_checks(out, man["max_seq_len"]) + source_checks
     checks += _order_checks(out, man, rank, cfg.p_threshold)
     checks.append(_space_check(cfg, int(out.num_tokens.sum()), out.n))
+    checks += expectation_checks(cfg, man, out.source)
     failed = [c for c in checks if not c["passed"]]
     result = {"passed": not failed, "failed": [c["name"] for c in failed], "samples": out.n,
               "tokens": int(out.num_tokens.sum()), "content_hash": man.get("content_hash"), "checks": checks}

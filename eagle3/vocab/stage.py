@@ -92,7 +92,9 @@ def run(cfg: VocabConfig) -> dict:
         if old.get("cache_key") == key:
             log.info("vocab: %s has cache key %s; reusing it", cfg.out, key)
             return {**old, "reused": True}
-    loss, every = token_counts(storage.local_path(storage.join(cfg.merged, "train.parquet")), V)
+    from eagle3.merge.stage import checked_train_parquet
+
+    loss, every = token_counts(checked_train_parquet(cfg.merged), V)
     chosen, fill = select_tokens(loss, every, cfg.draft_vocab_size)
     d2t = (chosen - np.arange(len(chosen))).astype(np.int64)
     t2d = np.zeros(V, dtype=bool)

@@ -101,7 +101,7 @@ class Cluster:
         wait_http(f"{self.base_url}/api/v2/version", 180, self.procs["api-server"])
 
     def token(self) -> str:
-        r = httpx.post(f"{self.base_url}/auth/token", json={"username": "admin", "password": self.password})
+        r = httpx.post(f"{self.base_url}/auth/token", json={"username": "admin", "password": self.password}, timeout=60)
         r.raise_for_status()
         return r.json()["access_token"]
 

@@ -29,26 +29,37 @@ def test_triggered_run_succeeds_with_artifacts_in_s3(cluster, tmp_path, s3_bucke
     root = f"{s3_bucket}/eagle3"
     headers = {"Authorization": f"Bearer {cluster.token()}"}
     api = f"{cluster.base_url}/api/v2"
+    # The api-server shares 2 cores with a worker training a draft: allow slow answers, retry a timed-out poll.
+    client = httpx.Client(headers=headers, timeout=60)
+
+    def get(url: str, **kw) -> httpx.Response:
+        for attempt in range(3):
+            try:
+                return client.get(url, **kw)
+            except httpx.TimeoutException:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     deadline = time.time() + 180
-    while httpx.get(f"{api}/dags/eagle3_train", headers=headers).status_code != 200:
+    while get(f"{api}/dags/eagle3_train").status_code != 200:
         assert time.time() < deadline, cluster.logs("dag-processor")
         time.sleep(2)
-    httpx.patch(f"{api}/dags/eagle3_train", headers=headers, json={"is_paused": False}).raise_for_status()
-    r = httpx.post(f"{api}/dags/eagle3_train/dagRuns", headers=headers,
-                   json={"logical_date": None, "conf": tiny_conf(manifest, tiny_llama_dir, root)})
+    client.patch(f"{api}/dags/eagle3_train", json={"is_paused": False}).raise_for_status()
+    r = client.post(f"{api}/dags/eagle3_train/dagRuns",
+                    json={"logical_date": None, "conf": tiny_conf(manifest, tiny_llama_dir, root)})
     assert r.status_code == 200, r.text
     run_id = r.json()["dag_run_id"]
 
     deadline = time.time() + 900
     state = None
     while time.time() < deadline:
-        state = httpx.get(f"{api}/dags/eagle3_train/dagRuns/{run_id}", headers=headers).json()["state"]
+        state = get(f"{api}/dags/eagle3_train/dagRuns/{run_id}").json()["state"]
         if state in ("success", "failed"):
             break
         time.sleep(5)
-    tis = httpx.get(f"{api}/dags/eagle3_train/dagRuns/{run_id}/taskInstances", headers=headers,
-                    params={"limit": 100}).json()["task_instances"]
+    tis = get(f"{api}/dags/eagle3_train/dagRuns/{run_id}/taskInstances",
+              params={"limit": 100}).json()["task_instances"]
     summary = {(t["task_id"], t["map_index"]): (t["state"], t["pool"], t["queue"]) for t in tis}
     spans = sorted((t["start_date"], t["end_date"]) for t in tis if t["task_id"] == "extract")
     assert state == "success", (summary, cluster.logs("worker"), cluster.logs("scheduler"))

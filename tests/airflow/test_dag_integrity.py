@@ -174,6 +174,13 @@ def test_params_reach_the_config_with_their_type(dag):
     verify = dag.get_task("verify")
     cfg = verify.render_template(verify.config, ctx, jinja_env=dag.get_template_env())
     assert cfg["tokens_per_s"] == 750 and isinstance(cfg["tokens_per_s"], int)
+    # the gate is told what merge was asked for (a stale merge of another run fails it)
+    from eagle3.config import from_dict as _from_dict
+    from eagle3.verify import VerifyConfig
+
+    vcfg = _from_dict(VerifyConfig, cfg)
+    assert (vcfg.expect_seed, vcfg.expect_drop, vcfg.expect_manifest) == (7, ("long_reports",), params["manifest"])
+    assert vcfg.expect_max_seq_len == params["max_seq_len"]
     merge = dag.get_task("merge")
     cfg = merge.render_template(merge.config, ctx, jinja_env=dag.get_template_env())
     assert cfg["seed"] == 7 and cfg["drop"] == ["long_reports"] and cfg["out"] == "/r/runs/eagle3_train/r1/merged"

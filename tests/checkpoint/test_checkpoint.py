@@ -67,7 +67,15 @@ def test_files_are_safetensors_and_json_only(tmp_path):
 def test_keeps_last_two_and_ignores_half_written_folders(tmp_path):
     model, opt, names = _model_and_opt()
     tensors, meta = ck_state.optimizer_tensors(opt, names)
-    (tmp_path / ".step-00000009.abc.tmp").mkdir(parents=True)  # a save killed half-way
+    import subprocess
+    import sys
+
+    from eagle3 import storage
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = storage.tmp_prefix("x").split("-")[-1].rstrip(".")
+    (tmp_path / f".step-00000009.{dead.pid}-{host}.abc.tmp").mkdir(parents=True)  # a save killed half-way
     for step in (1, 2, 3, 4):
         ck.save(str(tmp_path), step, model.state_dict(), tensors, {"opt": meta}, {}, keep=2)
     assert ck.list_steps(str(tmp_path)) == [3, 4]

@@ -32,7 +32,7 @@ def test_export_layout_and_config(tmp_path):
     model = make_tiny_draft()
     write_checkpoint(tmp_path / "ckpt", model)
     summary = export(ExportConfig(checkpoint=str(tmp_path / "ckpt"), out=str(tmp_path / "draft")))
-    assert sorted(p.name for p in (tmp_path / "draft").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "draft").iterdir()) == ["checksums.json", "config.json", "model.safetensors"]
     assert summary["tensors"] == 15 and summary["source"].endswith("step-00000005")
     with safe_open(str(tmp_path / "draft" / "model.safetensors"), "pt") as f:
         names = set(f.keys())
@@ -121,6 +121,23 @@ def test_cli_export_to_s3(tmp_path, s3_bucket):
     model = make_tiny_draft()
     write_checkpoint(tmp_path / "ckpt", model)
     assert main(["export", "--checkpoint", str(tmp_path / "ckpt"), "--out", f"{s3_bucket}/draft"]) == 0
-    assert storage.list_files(f"{s3_bucket}/draft") == ["config.json", "model.safetensors"]
+    assert storage.list_files(f"{s3_bucket}/draft") == ["checksums.json", "config.json", "model.safetensors"]
     reloaded = load_exported_draft(f"{s3_bucket}/draft", model.embed_weight)
     assert torch.equal(reloaded.d2t, model.d2t)
+
+
+def test_evaluate_refuses_a_damaged_or_incomplete_draft(tmp_path):
+    from eagle3.export import check_draft
+
+    write_checkpoint(tmp_path / "ckpt", make_tiny_draft())
+    draft = tmp_path / "draft"
+    export(ExportConfig(checkpoint=str(tmp_path / "ckpt"), out=str(draft)))
+    check_draft(str(draft))
+    weights = bytearray((draft / "model.safetensors").read_bytes())
+    weights[-3] ^= 1
+    (draft / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.raises(InputError, match="model.safetensors.*differs from checksums.json.*re-run `eagle3 export"):
+        check_draft(str(draft))
+    (draft / "config.json").unlink()  # an export killed before its last file
+    with pytest.raises(InputError, match="no config.json"):
+        check_draft(str(draft))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -159,3 +160,22 @@ def test_s3_store_roundtrip(s3_bucket):
     assert store.verify() == []
     assert torch.equal(store.get_raw("s0-1")["aux"].view(torch.uint8),
                        samples[1]["tensors"]["aux"].view(torch.uint8))
+
+
+def test_truncated_shard_is_an_input_error_naming_it_and_check_uses_marks(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    w = _writer(tmp_path / "s")
+    w.write_shard(_samples("bf16", [3, 4]))
+    w.write_shard(_samples("bf16", [5], seed=1))
+    store = HiddenStateStore(w.uri)
+    store.check()  # hashes both, records the marks
+    marks = list((tmp_path / "cache" / "verified").glob("*.json"))
+    assert len(marks) == 1 and len(json.loads(marks[0].read_text())) == 2
+    shard = os.path.join(w.uri, "shard-0of1-00000.safetensors")
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) // 2)
+    with pytest.raises(InputError, match="shard-0of1-00000.safetensors.*re-run `eagle3 extract`"):
+        HiddenStateStore(w.uri).get("s0-0")
+    with pytest.raises(InputError, match="1 corrupted hidden-state shard.*shard-0of1-00000"):
+        HiddenStateStore(w.uri).check(["s0-1"])  # the size changed: the mark no longer holds
+    HiddenStateStore(w.uri).check(["s1-0"])  # only the shards a stage reads are checked

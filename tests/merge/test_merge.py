@@ -154,3 +154,51 @@ def test_merge_reads_and_writes_s3(tmp_path, s3_bucket):
     assert storage.list_files(f"{s3_bucket}/merged") == ["manifest.json", "train.parquet"]
     man = storage.read_json(f"{s3_bucket}/merged/manifest.json")
     assert man["content_hash"] == summary["content_hash"] and man["totals"]["samples_out"] == 8
+
+
+def test_a_damaged_prepared_dataset_is_refused(tmp_path):
+    rng = np.random.default_rng(2)
+    prep = write_prepared(tmp_path / "prep", {"a": random_rows(rng, 10), "b": random_rows(rng, 10)})
+    for name in ("a", "b"):  # as tokenize records it
+        stats_path = os.path.join(prep, name, "stats.json")
+        stats = storage.read_json(stats_path)
+        stats["tokenized_sha256"] = storage.sha256_file(os.path.join(prep, name, "tokenized.parquet"))
+        storage.write_json(stats_path, stats)
+    merge(MergeConfig(prepared=prep, out=str(tmp_path / "ok"), max_seq_len=32))
+    table = pq.read_table(os.path.join(prep, "b", "tokenized.parquet"))
+    pq.write_table(table.slice(0, 9), os.path.join(prep, "b", "tokenized.parquet"))  # a row lost
+    with pytest.raises(InputError, match=r"b/tokenized.parquet.*differs from stats.json.*re-run `eagle3 tokenize`"):
+        merge(MergeConfig(prepared=prep, out=str(tmp_path / "bad"), max_seq_len=32))
+
+
+def test_an_error_in_the_bucket_phase_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import tempfile
+
+    from eagle3.merge import stage
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmpdir"))
+    (tmp_path / "tmpdir").mkdir()
+    prep = write_prepared(tmp_path / "prep", {"a": random_rows(np.random.default_rng(1), 20)})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(stage, "list_parts", broken)  # only the bucket phase calls it, with train.parquet open
+    with pytest.raises(RuntimeError, match="disk full"):
+        merge(MergeConfig(prepared=prep, out=str(tmp_path / "out"), max_seq_len=32, export_jsonl=True))
+    assert os.listdir(tmp_path / "out") == [] and os.listdir(tmp_path / "tmpdir") == []
+
+
+def test_readers_after_the_gate_refuse_a_changed_train_parquet(tmp_path):
+    from eagle3.merge.stage import checked_train_parquet
+    from eagle3.vocab import VocabConfig, vocab
+
+    prep = write_prepared(tmp_path / "prep", {"a": random_rows(np.random.default_rng(3), 20)})
+    out = str(tmp_path / "out")
+    merge(MergeConfig(prepared=prep, out=out, max_seq_len=32))
+    assert checked_train_parquet(out) == os.path.join(out, "train.parquet")
+    table = pq.read_table(os.path.join(out, "train.parquet"))
+    pq.write_table(table.slice(1), os.path.join(out, "train.parquet"))
+    with pytest.raises(InputError, match="train.parquet.*differs from manifest.json.*re-run `eagle3 merge"):
+        checked_train_parquet(os.path.join(out, "train.parquet"))
+    with pytest.raises(InputError, match="differs from manifest.json"):
+        vocab(VocabConfig(merged=out, out=str(tmp_path / "vocab"), draft_vocab_size=8))

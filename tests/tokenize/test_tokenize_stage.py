@@ -276,3 +276,15 @@ def test_out_of_memory_is_raised_at_once_and_unchanged(tmp_path, chatml_dir, mon
     _failing(monkeypatch, {"a": GpuOutOfMemory("oom")})
     with pytest.raises(GpuOutOfMemory):
         tokenize(TokenizeConfig(manifest=_three_datasets(tmp_path), model=chatml_dir, out=str(tmp_path / "prep")))
+
+
+def test_a_damaged_tokenized_file_is_tokenized_again_not_reused(tmp_path, chatml_dir):
+    src = write_jsonl(tmp_path / "a.jsonl", [conv(i) for i in range(5)])
+    tokenize_dataset(config(tmp_path, src, chatml_dir))
+    parquet = tmp_path / "prep" / "arith" / "tokenized.parquet"
+    good = parquet.read_bytes()
+    assert json.loads((tmp_path / "prep" / "arith" / "stats.json").read_text())["tokenized_sha256"] == \
+        hashlib.sha256(good).hexdigest()
+    parquet.write_bytes(good[:-10])
+    again = tokenize_dataset(config(tmp_path, src, chatml_dir))
+    assert again["reused"] is False and parquet.read_bytes() == good
