@@ -111,6 +111,10 @@ def _prompts(tmp_path) -> str:
 
 
 def _evaluate_op(tmp_path, model, **config):
+    from tests.evaluate.conftest import export_draft
+
+    if not (tmp_path / "draft" / "config.json").exists():  # evaluate checks the draft before any engine starts
+        export_draft(model, tmp_path / "draft")
     return Eagle3StageOperator(task_id="evaluate", stage="evaluate", root=str(tmp_path), config={
         "model": model, "draft": str(tmp_path / "draft"), "out": str(tmp_path / "eval"), "backend": "sglang",
         "prompts": _prompts(tmp_path), "limit": 3, "max_new_tokens": 12, "steps": 4, **config})
@@ -176,9 +180,6 @@ def test_on_kill_while_vllm_starts_stops_the_child_and_the_server(monkeypatch, t
     monkeypatch.setenv("EAGLE3_VLLM_PYTHON", sys.executable)
     monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
     monkeypatch.setenv("FAKE_VLLM_STARTUP_S", "120")
-    from tests.evaluate.conftest import export_draft
-
-    export_draft(tiny_llama_dir, tmp_path / "draft")
     op = _evaluate_op(tmp_path, tiny_llama_dir, backend="vllm")
     failures: list[BaseException] = []
 
