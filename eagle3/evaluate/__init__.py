@@ -7,6 +7,7 @@ backends on the same prompts and sets their acceptance side by side (:mod:`eagle
 Prompt sets are :mod:`eagle3.evaluate.prompts`. Nothing heavy is imported here.
 """
 
+import dataclasses
 import logging
 
 from eagle3.evaluate.config import EvaluateConfig
@@ -39,7 +40,11 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     from eagle3.evaluate.compare import combine, disagreements
     from eagle3.evaluate.gate import gate
 
-    reports = {backend: _measure(backend, cfg) for backend in (cfg.backend, *cfg.compare_with)}
+    reports = {cfg.backend: _measure(cfg.backend, cfg)}
+    # The engines are compared on the headline set only, so the others decode only that one.
+    headline = dataclasses.replace(cfg, prompts=str(cfg.prompts).split(",")[0].strip())
+    for backend in cfg.compare_with:
+        reports[backend] = _measure(backend, headline)
     for backend in cfg.compare_with:
         storage.write_json(storage.join(cfg.out, f"{backend}_report.json"), reports[backend])
     report = combine(reports, cfg.backend) if cfg.compare_with else reports[cfg.backend]

@@ -39,10 +39,11 @@ def combine(reports: dict[str, dict], primary: str) -> dict:
         if [key for key, _ in ours] != [key for key in theirs]:
             raise ValueError(f"{primary} and {name} measured different prompts; they cannot be compared")
         agreement = acceptance.paired_agreement([c for _, c in ours], [theirs[key] for key, _ in ours])
-        same = sum(a.get("token_ids") == b.get("token_ids")
-                   for a, b in zip(reports[primary]["prompts"], other["prompts"]))
+        ids = {(r["set"], r["id"]): r.get("token_ids") for r in other["prompts"]}
+        same = sum(ids.get((r["set"], r["id"])) == r.get("token_ids") for r in reports[primary]["prompts"]
+                   if (r["set"], r["id"]) in ids)
         report["agreement"][name] = {**agreement, "against": primary,
-                                     "same_greedy_output": same, "prompts_compared": len(other["prompts"])}
+                                     "same_greedy_output": same, "prompts_compared": len(ours)}
     report["lossless"] = all(r["lossless"] for r in reports.values())
     return report
 

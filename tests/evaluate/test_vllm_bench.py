@@ -219,3 +219,23 @@ def test_regenerate_serves_through_a_vllm_it_starts_and_stops(fake_vllm, tmp_pat
     assert argv[argv.index("--dtype") + 1] == "float32" and "--speculative-config" not in argv
     assert out["datasets"]["chat"]["done"] == 3 and out["datasets"]["chat"]["completion_tokens"] == 24
     assert not any(alive(p) for p in _pids(fake_vllm))
+
+
+def test_compare_with_vllm_sets_both_engines_side_by_side_on_the_headline_set(fake_vllm, tmp_path, tiny_llama_dir,
+                                                                              make_draft, prompts):
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"prompt": "Name a colour."}) + "\n")
+    draft = make_draft(tiny_llama_dir, tmp_path / "draft")
+    cfg = EvaluateConfig(model=tiny_llama_dir, draft=draft, out=str(tmp_path / "eval"), prompts=f"{prompts},{other}",
+                         max_new_tokens=10, steps=3, precision="float32", device="cpu", compare_with=("vllm",))
+    summary = evaluate(cfg)
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    vllm = json.loads((tmp_path / "eval" / "vllm_report.json").read_text())
+    assert report["backend"] == "transformers" and report["engine_order"] == ["transformers", "vllm"]
+    assert {p["set"] for p in vllm["prompts"]} == {prompts}  # vLLM decodes the headline set only
+    assert {p["set"] for p in report["prompts"]} == {prompts, str(other)}
+    # A random draft on the decoder (τ ≈ 1) against the fake's τ = 3: far more than 3 prompts allow.
+    assert summary["engines"]["vllm"]["tau"] == pytest.approx(3.0)
+    assert summary["engines"]["transformers"]["tau"] < 2.0
+    assert summary["agreement"]["vllm"]["agree"] is False and summary["lossless"] is True
+    assert summary["engines"]["vllm"]["tau_interval"] == [3.0, 3.0]
