@@ -25,6 +25,7 @@ from eagle3.devices import PRECISION_SUMMARY, PRECISIONS
 from eagle3.config import DEFAULT_SEED
 from eagle3.discover import DiscoverConfig
 from eagle3.evaluate.config import BACKENDS as EVALUATE_BACKENDS
+from eagle3.evaluate.config import COMPARABLE as EVALUATE_COMPARABLE
 from eagle3.evaluate.config import EvaluateConfig
 from eagle3.extract.config import ExtractConfig
 from eagle3.merge.config import MergeConfig
@@ -114,6 +115,8 @@ PARAMS = {
     "lr": config_param(TrainConfig, "lr", exclusiveMinimum=0, maximum=1, title="Learning rate"),
     "evaluate_backend": config_param(EvaluateConfig, "backend", enum=list(EVALUATE_BACKENDS),
                                      title="Benchmark engine"),
+    "evaluate_compare_with": config_param(EvaluateConfig, "compare_with", items={"type": "string",
+                                          "enum": list(EVALUATE_COMPARABLE)}, title="Also benchmark on"),
     "benchmark_prompts": config_param(EvaluateConfig, "prompts", minLength=1, title="Benchmark prompts"),
     "benchmark_limit": config_param(EvaluateConfig, "limit", minimum=1, title="Benchmark prompts limit"),
     "max_new_tokens": config_param(EvaluateConfig, "max_new_tokens", minimum=1, title="Benchmark max new tokens"),
@@ -215,6 +218,7 @@ def eagle3_train():
         task_id="evaluate", stage="evaluate", **GPU, **common,
         config={"model": "{{ params.model }}", "draft": RUN.folder("draft"), "checkpoint": RUN.folder("checkpoint"),
                 "out": RUN.folder("eval"), "backend": "{{ params.evaluate_backend }}",
+                "compare_with": "{{ params.evaluate_compare_with }}",
                 "prompts": "{{ params.benchmark_prompts }}", "steps": "{{ params.steps }}",
                 "limit": "{{ params.benchmark_limit }}", "max_new_tokens": "{{ params.max_new_tokens }}",
                 "precision": "{{ params.precision }}"})

@@ -35,6 +35,7 @@ DEMO_CONF = {
     "benchmark_limit": 5,
     "max_new_tokens": 64,
     "steps": 3,
+    "evaluate_compare_with": ["vllm"],  # the project decoder and vLLM on the same prompts (README "vLLM")
     "regenerate_backend": "hf",
     "regenerate_max_tokens": 128,
     "regenerate_concurrency": 48,
@@ -114,9 +115,32 @@ def summarize(artifacts: Path) -> int:
         if sim:
             print(f"trainer's offline estimate on its held-out split: tau {sim:.3f}")
         print(f"lossless (every prompt of every set) = {r['lossless']}")
+        _print_engines(r)
     html = run["report"] / "report.html"
     print(f"report: {html if html.exists() else run['report']}")
     return 0 if report.exists() else 1
+
+
+def _print_engines(r: dict) -> None:
+    """The draft on the project decoder and on vLLM, side by side (report.json `engines`, `agreement`)."""
+    engines = r.get("engines") or {}
+    if len(engines) < 2:
+        return
+
+    def ci(point, iv) -> str:
+        return "-" if point is None else f"{point:.3f}" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
+
+    print(f"--- engines side by side on {r.get('primary_set')} (95% bootstrap intervals over prompts) ---")
+    for name in r.get("engine_order") or engines:
+        e = engines[name]
+        rates = ", ".join(ci(a, iv) for a, iv in zip(e["accept_rate_by_position"], e["rate_intervals"]))
+        start = e.get("server_start_s")
+        print(f"{name:>12}: tau {ci(e['tau'], e['tau_interval'])}; by position {rates}; "
+              f"{e['tokens_per_s_spec']:.1f} vs {e['tokens_per_s_base']:.1f} tok/s; lossless={e['lossless']}"
+              + (f"; server starts {start['baseline']:.0f} s + {start['eagle3']:.0f} s" if start else ""))
+    for name, a in (r.get("agreement") or {}).items():
+        print(f"{name} vs {a['against']}: {'agree' if a['agree'] else 'DISAGREE beyond the intervals'} "
+              f"(tau difference {a['tau']['difference']:+.3f}, interval {a['tau']['interval']})")
 
 
 if __name__ == "__main__":

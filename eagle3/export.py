@@ -8,7 +8,8 @@ model.safetensors + config.json), or one step folder. DRAFT gets exactly two
 files: config.json (`LlamaForCausalLMEagle3`, one layer, the target's shapes,
 `draft_vocab_size`, `eagle_config.eagle_aux_hidden_state_layer_ids`) and
 model.safetensors (fc, midlayer.*, norm, lm_head, d2t, t2d; no embed_tokens:
-SGLang reuses the target's embedding).
+SGLang and vLLM reuse the target's embedding). A full-vocab draft (draft_vocab_size
+== vocab_size) has no d2t/t2d: the map is the identity, and vLLM refuses a d2t then.
 """
 
 from __future__ import annotations
@@ -94,6 +95,14 @@ def export_tensors(state: dict[str, Any], dtype: str, where: str) -> dict[str, A
         out[dst] = t.contiguous() if src in INDEX_KEYS else t.to(getattr(torch, dtype)).contiguous()
     out["d2t"], out["t2d"] = out["d2t"].to(torch.int64), out["t2d"].to(torch.bool)
     assert sorted(out) == sorted(REQUIRED_KEYS)
+    if out["d2t"].shape[0] == out["t2d"].shape[0]:
+        # A full-vocab draft (draft vocab = the target's): vLLM then has no draft_id_to_target_id parameter and
+        # refuses a d2t tensor ("There is no module or parameter named ..."); SGLang and our loader read no
+        # d2t as the identity, so neither map is written. Only the identity map may be dropped.
+        if bool(out["d2t"].any()) or not bool(out["t2d"].all()):
+            raise InputError(f"{where}: draft_vocab_size equals the target's vocab ({out['t2d'].shape[0]}) but "
+                             "d2t is not the identity; a full-vocab draft must map draft id i to target id i")
+        del out["d2t"], out["t2d"]
     return out
 
 
@@ -169,7 +178,12 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
     step_dir = resolve_step(cfg.checkpoint, cfg.step)
     draft_cfg, state = read_checkpoint(step_dir)
     tensors = export_tensors(state, cfg.dtype, storage.join(step_dir, "model.safetensors"))
-    if tensors["t2d"].shape[0] != draft_cfg.vocab_size or tensors["d2t"].shape[0] != draft_cfg.draft_vocab_size:
+    full_vocab = "d2t" not in tensors
+    if full_vocab and draft_cfg.draft_vocab_size != draft_cfg.vocab_size:
+        raise InputError(f"{step_dir}: d2t covers the whole vocabulary but the draft config says draft_vocab_size "
+                         f"{draft_cfg.draft_vocab_size} < vocab_size {draft_cfg.vocab_size}")
+    if not full_vocab and (tensors["t2d"].shape[0] != draft_cfg.vocab_size
+                           or tensors["d2t"].shape[0] != draft_cfg.draft_vocab_size):
         raise InputError(f"{step_dir}: t2d has {tensors['t2d'].shape[0]} entries and d2t {tensors['d2t'].shape[0]}, "
                          f"but the draft config says vocab_size {draft_cfg.vocab_size} (the target's lm_head rows, "
                          f"which SGLang and vLLM index t2d over) and draft_vocab_size {draft_cfg.draft_vocab_size}")
@@ -237,6 +251,9 @@ def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
     raw = load_file(storage.local_path(storage.join(draft_dir, "model.safetensors")))
     by_export_name = {v: k for k, v in WEIGHT_NAMES.items()}
     state = {by_export_name.get(k, k): (v if k in INDEX_KEYS else v.float()) for k, v in raw.items()}
+    if "d2t" not in state and cfg.draft_vocab_size == cfg.vocab_size:  # a full-vocab export (export_tensors)
+        state["d2t"] = torch.zeros(cfg.vocab_size, dtype=torch.int64)
+        state["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
     model = Eagle3Draft.from_state_dict(cfg, state, embed_weight.float())
     return model.to(torch.device(device)).eval()
 

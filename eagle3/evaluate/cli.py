@@ -8,6 +8,8 @@ speculative output differs from the target's greedy output.
 
 --backend vllm serves the target twice with vLLM (baseline, then EAGLE-3 with the
 draft) on 127.0.0.1; --backend sglang does the same with SGLang on GPUs.
+--compare-with vllm also runs vLLM on the same prompts and sets both engines' τ and
+per-position acceptance side by side in report.json (`engines`, `agreement`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ def _evaluate_and_say(cfg: EvaluateConfig) -> dict:
     print(f"{cfg.backend}: tau {summary['acceptance_length']:.3f} (k={cfg.steps}), speedup x{summary['speedup']:.2f} "
           f"({summary['tokens_per_s_spec']:.1f} vs {summary['tokens_per_s_base']:.1f} tok/s), "
           f"lossless={summary['lossless']}")
+    for name in cfg.compare_with:
+        e, a = summary["engines"][name], summary["agreement"][name]
+        print(f"{name}: tau {e['tau']:.3f} {e['tau_interval']}, speedup x{e['speedup']:.2f}, lossless={e['lossless']}; "
+              f"{'agrees' if a['agree'] else 'DISAGREES'} with {cfg.backend} within the intervals")
     return summary
 
 

@@ -8,6 +8,7 @@ from eagle3.devices import check_device, check_precision
 from eagle3.errors import InputError
 
 BACKENDS = ("transformers", "vllm", "sglang")
+COMPARABLE = ("transformers", "vllm")  # backends whose per-prompt acceptance report.json can set side by side
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,12 @@ class EvaluateConfig:
     backend: str = "transformers"
     """transformers: the project's decoder in this process; vllm: two vLLM servers (baseline, then EAGLE-3);
     sglang: two SGLang servers on GPUs."""
+    compare_with: tuple[str, ...] = ()
+    """Also run these backends (transformers, vllm) on the same prompts and set their τ and per-position
+    acceptance beside ``backend``'s in report.json, each with a bootstrap interval, flagging a disagreement
+    larger than the prompts allow (e.g. ["vllm"]: the project decoder and vLLM side by side)."""
+    vllm_enforce_eager: bool = True
+    """vllm: start with --enforce-eager (no torch.compile: measured faster to start here, docs/vllm.md)."""
     device: str = "auto"
     """transformers: auto (cuda if a GPU is visible, else cpu), cpu or cuda[:i]."""
     precision: str = "auto"
@@ -60,5 +67,13 @@ class EvaluateConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise InputError(f"EvaluateConfig.{name}={value!r} must be None or an int >= 1")
+        if isinstance(self.compare_with, (str, list)):
+            object.__setattr__(self, "compare_with", tuple([self.compare_with] if isinstance(self.compare_with, str)
+                                                           else self.compare_with))
+        wrong = [b for b in self.compare_with if b not in COMPARABLE or b == self.backend]
+        if wrong or (self.compare_with and self.backend not in COMPARABLE):
+            raise InputError(f"EvaluateConfig.compare_with={list(self.compare_with)!r}: each entry must be one of "
+                             f"{', '.join(COMPARABLE)} other than backend={self.backend!r}, and backend must be "
+                             f"one of them too (e.g. --backend transformers --compare-with vllm)")
         check_device(self.device, "EvaluateConfig.device")
         check_precision(self.precision, "EvaluateConfig.precision")

@@ -1,7 +1,7 @@
 """Benchmark a draft on SGLang: a baseline server, then an EAGLE3 server.
 
 Each phase launches ``python -m sglang.launch_server`` through
-`eagle3.sglang_server.SGLangServer` (on the leased GPUs), waits for
+`eagle3.serving.sglang.SGLangServer` (on the leased GPUs), waits for
 ``GET /health``, sends every prompt to ``POST /generate`` and reads
 ``GET /get_server_info``, then stops the server in ``finally``.
 
@@ -30,7 +30,6 @@ import logging
 import os
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -38,7 +37,7 @@ from typing import Any
 
 from eagle3 import storage
 from eagle3.errors import Eagle3Error, GateFailed, InputError
-from eagle3.sglang_server import free_port
+from eagle3.serving import ServerPhases, free_port
 
 log = logging.getLogger(__name__)
 
@@ -149,20 +148,14 @@ class SGLangBenchmark:
 
     def __init__(self, cfg: SGLangBenchConfig):
         self.cfg = cfg
-        self._lock = threading.Lock()
-        self._server = None
-        self._stopped = False
+        self.phases = ServerPhases()
         self.log_dir = tempfile.mkdtemp(prefix="eagle3-sglang-logs-")
 
     def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-            server, self._server = self._server, None
-        if server is not None:
-            server.stop()
+        self.phases.stop()
 
     def _server_for(self, phase: str):
-        from eagle3.sglang_server import SGLangServer
+        from eagle3.serving.sglang import SGLangServer
 
         cfg = self.cfg
         return SGLangServer(cfg.target, tp=cfg.tp, port=cfg.port, host=cfg.host, extra_args=cfg.extra_args,
@@ -184,37 +177,14 @@ class SGLangBenchmark:
             results = list(pool.map(one, prompts))
         return results, time.perf_counter() - start
 
-    def _wait_healthy(self, server) -> None:
-        # Short waits in a loop, so that stop() from another thread ends the wait too.
-        from eagle3.sglang_server import ServerFailed
-
-        deadline = time.monotonic() + self.cfg.health_timeout_s
-        while True:
-            try:
-                server.wait_healthy(timeout=min(2.0, max(deadline - time.monotonic(), 0.0)))
-                return
-            except ServerFailed:
-                if self._stopped:
-                    raise Eagle3Error("SGLang benchmark was stopped while the server was starting") from None
-                exited = server.proc is not None and server.proc.poll() is not None
-                if exited or time.monotonic() >= deadline:
-                    raise
-
     def run_phase(self, phase: str, prompts: list[list[int]]) -> dict:
         server = self._server_for(phase)
-        with self._lock:
-            if self._stopped:
-                raise Eagle3Error("SGLang benchmark was stopped")
-            self._server = server
-        try:
-            server.start()
-            self._wait_healthy(server)
+
+        def measure(server) -> tuple:
             results, seconds = self._send_all(server.url, prompts, speculative=phase == "eagle3")
-            info = _http_json(server.url + "/get_server_info", timeout=60)
-        finally:
-            with self._lock:
-                self._server = None
-            server.stop()
+            return results, seconds, _http_json(server.url + "/get_server_info", timeout=60)
+
+        results, seconds, info = self.phases.run(server, measure, self.cfg.health_timeout_s)
         tokens = sum(r["completion_tokens"] for r in results)
         out = {"command": server.command(), "completion_tokens": tokens, "seconds": seconds,
                "tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "requests": results,

@@ -1,13 +1,13 @@
-"""Which backend regenerates the demo fastest on this machine? hf (fp32, batched) vs llama.cpp's server (Q4 GGUF).
+"""Which backend regenerates the demo fastest on this machine? hf (fp32, batched) vs a vLLM server (fp32).
 
     python -m eagle3.regenerate.bench --manifest demo-data/manifest.yaml --dataset arithmetic \\
         --samples 20 --max-tokens 128 --out /tmp/regen-bench
 
 Runs the same conversations through each backend (``--restart``, greedy, same
-max_tokens) and prints completion tokens/s, wall time (model load included and
-excluded), the CPU seconds spent (client + server) and the load average, as a Markdown table. The llama.cpp server
-(``python -m llama_cpp.server``, from ``pip install 'llama-cpp-python[server]'``)
-is started here on 127.0.0.1 and stopped afterwards.
+max_tokens) and prints completion tokens/s, wall time (model load and server start included
+and excluded), the CPU seconds spent by this process and its children (the vLLM server) and
+the load average, as a Markdown table. The vLLM server is the stage's own
+(``RegenerateConfig.server="vllm"``: started on 127.0.0.1 for the run and stopped after it).
 """
 
 from __future__ import annotations
@@ -16,42 +16,14 @@ import argparse
 import json
 import logging
 import os
-import socket
-import subprocess
+import resource
 import sys
 import time
-import urllib.request
 
 import yaml
 
 from eagle3 import storage
 from eagle3.regenerate.stage import RegenerateConfig, regenerate
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _llama_server(threads: int):
-    from eagle3.target import _smollm2_gguf
-
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(_smollm2_gguf()),
-                             "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096",
-                             "--n_threads", str(threads)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(url + "/v1/models", timeout=2)
-            return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError("llama_cpp.server exited; is llama-cpp-python[server] installed?")
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("llama_cpp.server did not start in 300 s")
 
 
 def _subset_manifest(manifest: str, dataset: str, samples: int, out: str) -> str:
@@ -65,20 +37,19 @@ def _subset_manifest(manifest: str, dataset: str, samples: int, out: str) -> str
     return path
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, all threads (from /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process and its waited-for children (a stopped server)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _run(name: str, cfg: RegenerateConfig, server_pid: int | None = None) -> dict:
+def _run(name: str, cfg: RegenerateConfig) -> dict:
     # On a shared, oversubscribed CPU wall time mostly measures the neighbours, so CPU seconds
     # (this process plus the server's) are reported too: tokens per CPU-second compares backends.
-    start, cpu0 = time.monotonic(), _cpu_s(os.getpid()) + (_cpu_s(server_pid) if server_pid else 0.0)
+    start, cpu0 = time.monotonic(), _cpu_s()
     stats = regenerate(cfg)["datasets"][cfg.datasets[0]]
     total = time.monotonic() - start
-    cpu = _cpu_s(os.getpid()) + (_cpu_s(server_pid) if server_pid else 0.0) - cpu0
+    cpu = _cpu_s() - cpu0
     run = stats["this_run"]
     return {"backend": name, "conversations": stats["done"], "requests": run["requests"],
             "prompt_tokens": run["prompt_tokens"], "completion_tokens": run["completion_tokens"],
@@ -96,9 +67,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--out", default="/tmp/regen-bench")
     p.add_argument("--hf-batch", type=int, default=20)
-    p.add_argument("--llama-concurrency", type=int, default=1)
-    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (torch uses its own default)")
-    p.add_argument("--skip", action="append", default=[], choices=("hf", "llama.cpp"))
+    p.add_argument("--vllm-concurrency", type=int, default=16)
+    p.add_argument("--skip", action="append", default=[], choices=("hf", "vllm"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     manifest = _subset_manifest(args.manifest, args.dataset, args.samples, args.out)
@@ -107,15 +77,10 @@ def main(argv=None) -> int:
     if "hf" not in args.skip:
         rows.append(_run(f"hf fp32 CPU, batch {args.hf_batch}", RegenerateConfig(
             out=os.path.join(args.out, "hf"), backend="hf", concurrency=args.hf_batch, **common)))
-    if "llama.cpp" not in args.skip:
-        proc, url = _llama_server(args.threads)
-        try:
-            rows.append(_run(f"llama.cpp server Q4_1, {args.llama_concurrency} in flight", RegenerateConfig(
-                out=os.path.join(args.out, "llama"), backend="openai", model="smollm2", base_url=url,
-                concurrency=args.llama_concurrency, **common), server_pid=proc.pid))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    if "vllm" not in args.skip:
+        rows.append(_run(f"vLLM server fp32, {args.vllm_concurrency} in flight (start included)", RegenerateConfig(
+            out=os.path.join(args.out, "vllm"), backend="openai", server="vllm", precision="float32",
+            concurrency=args.vllm_concurrency, **common)))
     keys = list(rows[0])
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for r in rows:

@@ -200,19 +200,37 @@ async def _run_all(cfg: RegenerateConfig, specs, api_key: str | None) -> dict[st
     return results
 
 
+def _engine_server(cfg: RegenerateConfig):
+    """The ManagedServer that serves ``cfg.model`` under that name (what the openai path sends as ``model``)."""
+    from eagle3.serving import free_port
+
+    port = cfg.server_port or free_port()
+    if cfg.server == "vllm":
+        from eagle3.devices import resolve_device, resolve_precision
+        from eagle3.serving.vllm import VLLMServer
+        from eagle3.target import resolve_model
+
+        # The target's compute precision, resolved as the hf backend does (vLLM's --dtype; "auto" is ours).
+        device = resolve_device("auto")
+        dtype = resolve_precision(cfg.precision, device).name
+        tp = ["--tensor-parallel-size", str(cfg.server_tp)] if cfg.server_tp > 1 else []
+        # On CPU torch.compile made a start 4 min longer here (docs/vllm.md); on GPUs CUDA graphs pay off.
+        return VLLMServer(resolve_model(cfg.model), port=port, dtype=dtype, served_model_name=cfg.model,
+                          enforce_eager=device == "cpu", extra_args=[*tp, *cfg.server_args])
+    from eagle3.serving.sglang import SGLangServer
+
+    return SGLangServer(cfg.model, tp=cfg.server_tp, port=port, extra_args=cfg.server_args,
+                        module=os.environ.get("EAGLE3_SGLANG_MODULE", "sglang.launch_server"))
+
+
 @contextlib.contextmanager
 def _served(cfg: RegenerateConfig):
     """Start the engine ``cfg.server`` on the model; yield its OpenAI base URL; stop it on any exit."""
     from eagle3.devices import lease_device
-    from eagle3.sglang_server import SGLangServer, free_port
 
-    if cfg.server != "sglang":
-        raise InputError(f"regenerate: server={cfg.server!r} is not supported here yet")
-    # The lease narrows CUDA_VISIBLE_DEVICES for the block; the server process inherits it.
+    # The lease narrows CUDA_VISIBLE_DEVICES for the block (a no-op without GPUs); the server inherits it.
     with lease_device(cfg.server_tp):
-        server = SGLangServer(cfg.model, tp=cfg.server_tp, port=cfg.server_port or free_port(),
-                              extra_args=cfg.server_args,
-                              module=os.environ.get("EAGLE3_SGLANG_MODULE", "sglang.launch_server"))
+        server = _engine_server(cfg)
         try:
             server.start().wait_healthy(timeout=1800)
             yield server.url + "/v1"

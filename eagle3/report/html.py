@@ -42,6 +42,35 @@ def _img(plots: dict[str, bytes], name: str, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
+def _interval(point, iv) -> str:
+    if point is None:
+        return "n/a"
+    return f"{point:.3f}" + (f" [{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "")
+
+
+def _engines_section(ev: dict) -> list[str]:
+    """The draft on each engine (the project decoder, vLLM): τ and P(accept) per position with 95% intervals,
+    and whether the engines disagree more than their prompts allow."""
+    engines = ev.get("engines") or {}
+    if len(engines) < 2:
+        return []
+    k = max(len(e.get("accept_rate_by_position") or []) for e in engines.values())
+    rows = [[name, e.get("prompts"), _interval(e.get("tau"), e.get("tau_interval")),
+             *[_interval(r, iv) for r, iv in zip(e.get("accept_rate_by_position") or [], e.get("rate_intervals") or [])],
+             e.get("tokens_per_s_spec"), e.get("tokens_per_s_base"), _fmt(bool(e.get("lossless")))]
+            for name, e in ((n, engines[n]) for n in ev.get("engine_order") or engines)]
+    out = ["<h2>Engines side by side</h2>",
+           _table(["engine", "prompts", "τ [95% CI]", *[f"P(accept) pos {i + 1}" for i in range(k)],
+                   "tok/s spec", "tok/s base", "lossless"], rows)]
+    for name, a in (ev.get("agreement") or {}).items():
+        verdict = "agree within the intervals" if a.get("agree") else "DISAGREE more than the prompts allow"
+        diff = a["tau"]
+        out.append(f"<p>{html.escape(name)} vs {html.escape(str(a.get('against')))}: {verdict}; τ difference "
+                   f"{_interval(diff.get('difference'), diff.get('interval'))}; same greedy output on "
+                   f"{a.get('same_greedy_output')} of {a.get('prompts_compared')} prompts.</p>")
+    return out
+
+
 def render_html(report: dict, plots: dict[str, bytes]) -> str:
     ev, cmp, pub = report.get("evaluate") or {}, report.get("comparison") or {}, report.get("publish")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(report['title'])}</title>"
@@ -87,6 +116,8 @@ def render_html(report: dict, plots: dict[str, bytes]) -> str:
             parts.append(f"<p>published to <code>{html.escape(pub['location'])}</code></p>")
     else:
         parts.append("<p class='muted'>No publish decision.</p>")
+
+    parts += _engines_section(ev)
 
     sg = report.get("sglang")
     if sg:

@@ -159,7 +159,8 @@ def plot_comparison(cmp: dict) -> bytes:
 
     fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(10, 3.6))
     taus = [(k, v) for k, v in (("this draft", cmp.get("tau")), ("offline sim.", cmp.get("sim_tau")),
-                                ("previous best", cmp.get("previous_tau")), ("SGLang", cmp.get("sglang_tau")))
+                                ("previous best", cmp.get("previous_tau")), ("SGLang", cmp.get("sglang_tau")),
+                                ("vLLM", cmp.get("vllm_tau")))
             if v is not None]
     ax_t.bar([k for k, _ in taus], [v for _, v in taus], color=[f"C{i}" for i in range(len(taus))])
     ax_t.axhline(1.0, color="grey", lw=0.8, ls=":")
@@ -212,6 +213,7 @@ def write_report(out: str, *, prepared: str | None = None, stats_dir: str | None
         "previous_tau": prev.get("acceptance_length"), "previous_spec_tps": prev.get("tokens_per_s_spec"),
         "base_tps": (ev or {}).get("tokens_per_s_base"), "spec_tps": (ev or {}).get("tokens_per_s_spec"),
         "sglang_tau": (sglang or {}).get("acceptance_length"),
+        "vllm_tau": (((ev or {}).get("engines") or {}).get("vllm") or {}).get("tau"),
     }
     if ev:
         plots["comparison.png"] = plot_comparison(comparison)

@@ -75,11 +75,20 @@ def test_both_decodes_run_at_one_named_precision(tiny_llama_dir, tiny_draft, pro
 
 
 def test_a_mismatch_message_points_at_the_precision():
-    from eagle3.evaluate.decoder_bench import _mismatch_message
+    from eagle3.errors import GateFailed
+    from eagle3.evaluate.gate import gate
 
-    bad = [{"id": "p1", "mismatch": {"position": 3, "baseline_token": 7, "speculative_token": 9}}]
-    assert "--precision float32" in _mismatch_message(bad, "cpu", "bfloat16")
-    assert "near-tie" not in _mismatch_message(bad, "cpu", "float32")
+    def report(precision):
+        return {"prompts": [{"id": "p1", "lossless": False, "mismatch": {"position": 3, "baseline_token": 7,
+                                                                          "speculative_token": 9}}],
+                "precision": {"name": precision}, "device": "cpu"}
+
+    with pytest.raises(GateFailed, match=r"(?s)transformers:.*prompt p1: first difference at generated position 3 "
+                                         r"\(baseline token 7, speculative token 9\).*--precision float32"):
+        gate({"transformers": report("bfloat16")}, "r.json")
+    with pytest.raises(GateFailed) as e:
+        gate({"vllm": report("float32")}, "r.json")
+    assert "near-tie" not in str(e.value) and "vllm:" in str(e.value)
 
 
 def test_evaluate_reports_each_prompt_set(tiny_llama_dir, tiny_draft, prompts, tmp_path):

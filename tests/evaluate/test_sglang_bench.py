@@ -84,7 +84,7 @@ def test_server_and_its_children_are_killed_when_generate_fails(tmp_path, tiny_l
 
 
 def test_server_failing_at_start_is_reported(tmp_path, tiny_llama_dir, prompts_file):
-    from eagle3.sglang_server import ServerFailed
+    from eagle3.serving import ServerFailed
 
     cfg, _ = _cfg(tmp_path, tiny_llama_dir, prompts_file, env={"FAKE_SGLANG_FAIL": "start"})
     with pytest.raises(ServerFailed, match="failing at start"):

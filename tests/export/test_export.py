@@ -141,3 +141,29 @@ def test_evaluate_refuses_a_damaged_or_incomplete_draft(tmp_path):
     (draft / "config.json").unlink()  # an export killed before its last file
     with pytest.raises(InputError, match="no config.json"):
         check_draft(str(draft))
+
+
+def test_a_full_vocab_draft_is_exported_without_d2t_and_reloads(tmp_path):
+    # vLLM has no draft_id_to_target_id parameter when draft vocab == target vocab and refuses a d2t tensor
+    # (llama_eagle3.py); the identity map is left out and the loader restores it.
+    model = make_tiny_draft(draft_vocab_size=50)
+    assert not model.d2t.any() and model.t2d.all()  # sorted ids of the whole vocab: the identity
+    write_checkpoint(tmp_path / "ckpt", model)
+    export(ExportConfig(checkpoint=str(tmp_path / "ckpt"), out=str(tmp_path / "draft"), dtype="float32"))
+    with safe_open(str(tmp_path / "draft" / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == SGLANG_NAMES - {"d2t", "t2d"}
+    reloaded = load_exported_draft(str(tmp_path / "draft"), model.embed_weight)
+    assert torch.equal(reloaded.d2t, model.d2t) and torch.equal(reloaded.t2d, model.t2d)
+    batch = tiny_batch(model.config, b=2, t=10)
+    torch.testing.assert_close(_logits(reloaded, batch), _logits(model, batch))
+
+
+def test_a_full_vocab_draft_whose_map_is_not_the_identity_is_refused():
+    from eagle3.export import export_tensors
+
+    model = make_tiny_draft(draft_vocab_size=50)
+    state = dict(model.state_dict())
+    state["d2t"] = state["d2t"].clone()
+    state["d2t"][0] = 1
+    with pytest.raises(InputError, match="not the identity"):
+        export_tensors(state, "float32", "ckpt/model.safetensors")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -110,6 +111,10 @@ def _prompts(tmp_path) -> str:
 
 
 def _evaluate_op(tmp_path, model, **config):
+    from tests.evaluate.conftest import export_draft
+
+    if not (tmp_path / "draft" / "config.json").exists():  # evaluate checks the draft before any engine starts
+        export_draft(model, tmp_path / "draft")
     return Eagle3StageOperator(task_id="evaluate", stage="evaluate", root=str(tmp_path), config={
         "model": model, "draft": str(tmp_path / "draft"), "out": str(tmp_path / "eval"), "backend": "sglang",
         "prompts": _prompts(tmp_path), "limit": 3, "max_new_tokens": 12, "steps": 4, **config})
@@ -165,3 +170,37 @@ def test_regenerate_serves_uses_and_stops_its_own_sglang_server(fake_sglang, tmp
     assert sorted(r["messages"][-1]["content"] for r in out) == [f"fake answer to: question {i}" for i in range(3)]
     stats = result["datasets"]["chat"]
     assert (stats["conversations"], stats["done"], stats["failed"], stats["complete"]) == (3, 3, 0, True)
+
+
+def test_on_kill_while_vllm_starts_stops_the_child_and_the_server(monkeypatch, tmp_path, tiny_llama_dir):
+    """The vLLM evaluate path through the operator: the server runs in the stage's child (a grandchild of the
+    task) in its own process group; on_kill SIGTERMs the child, whose exit stops the server."""
+    record = tmp_path / "starts.jsonl"
+    monkeypatch.setenv("PYTHONPATH", f"{FAKE_DIR / 'fake_vllm'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("EAGLE3_VLLM_PYTHON", sys.executable)
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
+    monkeypatch.setenv("FAKE_VLLM_STARTUP_S", "120")
+    op = _evaluate_op(tmp_path, tiny_llama_dir, backend="vllm")
+    failures: list[BaseException] = []
+
+    def run():
+        try:
+            op.execute(context())
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            failures.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.time() + 90
+    while not record.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    (started,) = [json.loads(x) for x in record.read_text().splitlines()]
+    assert alive(started["pid"])
+    op.on_kill()
+    t.join(timeout=60)
+    assert not t.is_alive() and failures
+    deadline = time.time() + 10
+    while alive(started["pid"]) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not alive(started["pid"]), "the vLLM server outlived the killed task"
+    assert len(record.read_text().splitlines()) == 1  # no speculative phase after the kill

@@ -11,7 +11,8 @@ import pytest
 from regen_helpers import HERE, free_port
 
 from eagle3.errors import InputError
-from eagle3.sglang_server import SGLangServer, ServerFailed, eagle3_speculative
+from eagle3.serving import ServerFailed
+from eagle3.serving.sglang import SGLangServer, eagle3_speculative
 
 FAKE_PATH = str(HERE / "fake_sglang")
 

@@ -1,0 +1,50 @@
+"""Engines side by side: report.json's `engines` and `agreement` from two engines' per-prompt records, the report
+page's section and the demo's lines built from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3.evaluate.compare import combine, disagreements
+
+
+def _report(accepts: list[int], backend: str, k: int = 3) -> dict:
+    """One engine's report: prompt i had 10 verifications that each accepted accepts[i] tokens."""
+    rows = []
+    for i, a in enumerate(accepts):
+        counts = {"verifications": 10, "emitted": 10 * (a + 1), "reached": [10 if j <= a else 0 for j in range(k)],
+                  "accepted": [10 if j < a else 0 for j in range(k)]}
+        rows.append({"set": "s", "id": f"p{i}", "counts": counts, "lossless": True, "token_ids": [i, 1, 2]})
+    return {"prompts": rows, "primary_set": "s", "tokens_per_s_spec": 2.0, "tokens_per_s_base": 1.0, "speedup": 2.0,
+            "lossless": True, "precision": {"name": "float32"}, "backend": backend}
+
+
+def test_equal_engines_agree_and_a_shifted_one_is_flagged():
+    ours = _report([0, 1, 2, 1, 0, 2, 1, 1], "transformers")
+    same = combine({"transformers": ours, "vllm": _report([0, 1, 2, 1, 0, 2, 1, 1], "vllm")}, "transformers")
+    assert same["engines"]["transformers"]["tau"] == same["engines"]["vllm"]["tau"] == pytest.approx(2.0)
+    assert same["agreement"]["vllm"]["agree"] and same["agreement"]["vllm"]["same_greedy_output"] == 8
+    assert disagreements(same) == []
+    shifted = combine({"transformers": ours, "vllm": _report([2, 3, 3, 3, 2, 3, 3, 3], "vllm")}, "transformers")
+    a = shifted["agreement"]["vllm"]
+    assert not a["agree"] and not a["tau"]["agree"] and a["tau"]["difference"] < 0
+    assert "vllm vs transformers: τ differs by" in disagreements(shifted)[0]
+    assert shifted["engine_order"] == ["transformers", "vllm"]
+
+
+def test_the_report_page_and_the_demo_show_both_engines(capsys):
+    import sys
+    from pathlib import Path
+
+    from eagle3.report.html import _engines_section
+
+    report = combine({"transformers": _report([1] * 6, "transformers"), "vllm": _report([3] * 6, "vllm")},
+                     "transformers")
+    html = "".join(_engines_section(report))
+    assert "Engines side by side" in html and "DISAGREE" in html and "vllm" in html
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "demo"))
+    import run_demo
+
+    run_demo._print_engines(report)
+    out = capsys.readouterr().out
+    assert "transformers: tau 2.000" in out and "vllm: tau 4.000" in out and "DISAGREE" in out
