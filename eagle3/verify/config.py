@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from eagle3 import storage_options
 from eagle3.errors import InputError
+from eagle3.verify import mode
 
 
 @dataclass(frozen=True)
@@ -30,9 +31,21 @@ class VerifyConfig:
     """Fail when the estimated extraction time exceeds this (None: report only)."""
     p_threshold: float = 1e-3
     """Family-wise p-value threshold of the uniform-position test (Bonferroni over sources)."""
+    training_mode: str = mode.DEFAULT
+    """offline (extract a store, then train from it), online (the target runs inside training, no store) or
+    auto (offline when the store fits the free space at ``store`` with ``headroom``, else online); the verdict's
+    ``training_mode`` records the choice, why, and both modes' costs (eagle3.verify.mode)."""
+    epochs: int = 1
+    """Training epochs, for the cost of both modes (online repeats the target's forward every epoch)."""
+    train_tokens_per_s: float = mode.DEFAULT_TRAIN_TOKENS_PER_S
+    """Draft training speed for the hours estimate of both modes."""
 
     def __post_init__(self):
         storage_options.option(self.storage)
+        mode.check_mode(self.training_mode, "VerifyConfig.training_mode")
+        if self.epochs < 1 or self.train_tokens_per_s <= 0:
+            raise InputError(f"need epochs >= 1 and train_tokens_per_s > 0; got {self.epochs}, "
+                             f"{self.train_tokens_per_s}")
         if self.model and self.hidden_size:
             raise InputError("VerifyConfig: give model or hidden_size, not both")
         if self.hidden_size is not None and self.hidden_size < 1:
