@@ -173,6 +173,7 @@ class Trainer:
         mine = data.rank_slice(held, self.lengths, self.dist.rank, self.dist.world)
         sums, failed = self._run(mine, torch.ones(self.cfg.ttt_length), grad=False)
         self.model.train()
+        self._flush_online()  # the next evaluation reads the held-out samples written back
         if self.dist.all_reduce(torch.tensor([float(failed)]), op="max").item():
             self._on_oom()
         self.dist.all_reduce(sums)
