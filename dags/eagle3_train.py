@@ -104,6 +104,7 @@ PARAMS = {
                                    title="Hidden-state storage",
                                    description="Bytes stored per token: " + storage_options.describe()),
     "training_mode": config_param(VerifyConfig, "training_mode", enum=list(TRAINING_MODES), title="Training mode"),
+    "online_write_back": config_param(TrainConfig, "write_back", title="Online: write computed samples back"),
     "extract_tokens_per_s": config_param(StatsConfig, "tokens_per_s", exclusiveMinimum=0,
                                          title="Extraction speed estimate"),
     "extract_shards": config_param(DiscoverConfig, "extract_shards", minimum=1, maximum=1024,
@@ -125,6 +126,7 @@ PARAMS = {
     "steps": config_param(EvaluateConfig, "steps", minimum=1, maximum=16, title="Draft steps"),
 }
 GPU = {"pool": "gpu", "queue": "gpu"}
+ONLINE = "{{ ti.xcom_pull(task_ids='discover.training_mode') == 'online' }}"  # verify's choice, as a bool
 
 
 # Training mode: verify decides (eagle3.verify.mode); online maps extract over no shard, which skips it.
@@ -229,7 +231,7 @@ def eagle3_train():
                 "lr": "{{ params.lr }}", "token_budget": "{{ params.train_token_budget }}",
                 "max_steps": "{{ params.max_steps }}", "seed": "{{ params.seed }}",
                 "precision": "{{ params.precision }}",
-                "online": "{{ ti.xcom_pull(task_ids='discover.training_mode') == 'online' }}"})
+                "online": ONLINE, "write_back": "{{ params.online_write_back and " + ONLINE[3:]})
     export = Eagle3StageOperator(
         task_id="export", stage="export", **common,
         config={"checkpoint": RUN.folder("checkpoint"), "out": RUN.folder("draft")})

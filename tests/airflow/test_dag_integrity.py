@@ -211,7 +211,10 @@ def test_training_mode_param_reaches_verify_and_online_skips_extract(dag):
     train = dag.get_task("train")
     for mode, online in (("online", True), ("offline", False)):
         cfg = train.render_template(train.config, {**ctx, "ti": _TI(mode)}, jinja_env=dag.get_template_env())
-        assert cfg["online"] is online
+        assert cfg["online"] is online and cfg["write_back"] is False
+        back = {**ctx, "params": {**ctx["params"], "online_write_back": True}, "ti": _TI(mode)}
+        cfg = train.render_template(train.config, back, jinja_env=dag.get_template_env())
+        assert cfg["write_back"] is online  # write-back only where training runs online
     assert train.trigger_rule == "none_failed" and train.pool_slots >= 1
     shards = dag.get_task("discover.extract_shards")
     assert "discover.training_mode" in shards.upstream_task_ids and "extract" in shards.downstream_task_ids
