@@ -156,20 +156,20 @@ def test_online_matches_offline_on_smollm2(tmp_path, smollm2_dir):
 
     torch.set_num_threads(2)
     tok = load_tokenizer(smollm2_dir)
-    seqs = [tok(t)["input_ids"] for t in TEXTS[:8]] + [tok(t + " " + t)["input_ids"] for t in TEXTS[:8]]
+    seqs = [tok(t)["input_ids"] for t in TEXTS[:8]]
     _, vocab = build_store(tmp_path / "vocab-src", smollm2_dir, seqs=seqs, draft_vocab=512)
     samples = [{"id": hashlib.sha256(repr(s).encode()).hexdigest()[:32], "input_ids": s,
                 "loss_mask": [0, 0] + [1] * (len(s) - 2)} for s in seqs]
     data = {"root": tmp_path, "target": smollm2_dir, "vocab": vocab,
             "merged": write_merged(tmp_path / "merged", samples)}
-    kw = dict(token_budget=512, epochs=3, eval_every=0, save_every=100, init="target", lr=3e-4)
+    kw = dict(token_budget=64, epochs=2, eval_every=0, save_every=100, init="target", lr=3e-4, heldout_share=0.2)
     off = train(cfg(data, tmp_path / "off", offline_store(data, "bf16"), **kw))
     on = train(cfg(data, tmp_path / "on", tmp_path / "none", online=True, **kw))
-    assert on["steps"] == off["steps"] >= 6
+    assert on["steps"] == off["steps"] >= 4
     assert curve(tmp_path / "on") == pytest.approx(curve(tmp_path / "off"), rel=1e-4)
     assert on["sim_accept_len"] == pytest.approx(off["sim_accept_len"], rel=1e-3)
     from eagle3.train.data import heldout_split
 
-    trained, held = heldout_split([s["id"] for s in samples], 0.1)
+    trained, held = heldout_split([s["id"] for s in samples], 0.2)
     # no store: every training sample once per epoch, the held-out ones at the final evaluation
-    assert on["online"]["samples_computed"] == 3 * len(trained) + len(held)
+    assert on["online"]["samples_computed"] == 2 * len(trained) + len(held)
