@@ -18,8 +18,13 @@ Counted FLOPs per token (2*m*n*k per matmul, backward = 2x forward, so train = 3
   once: target lm_head (H x V, forward only, no grad).
 Attention score/value products (O(T^2)) are NOT counted, so the fraction is a lower bound.
 
+--online adds, for each precision, the whole online step (eagle3.train.online) side by side with the
+offline one: the target (--model, default the bundled SmolLM2) runs its forward over the micro-batch
+through OnlineSource.get_many (capture, encode/decode of --storage, collate), then the same draft step.
+Its counted FLOPs add the target forward, 2 x (non-embedding target parameters) per token.
+
 usage: .venv/bin/python bench/train_bench.py [--precisions float32,bfloat16] [--vd 8192] [--rows 4]
-       [--seq-len 512] [--ttt-length 7] [--iters 3]
+       [--seq-len 512] [--ttt-length 7] [--iters 3] [--online [--model M] [--storage bf16]]
 """
 
 from __future__ import annotations
@@ -88,8 +93,31 @@ def build(vd: int, dev: str):
     return draft, head, torch.optim.AdamW(draft.parameters(), lr=1e-4, betas=(0.9, 0.95))
 
 
-def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters: int) -> dict:
-    """One precision's timed optimizer steps: {tokens_per_s, step_wall_s, step_cpu_s, counted GFLOP/s}."""
+def online_source(model: str, storage: str, precision: str, dev: str, rows: int, seq_len: int):
+    """An OnlineSource over ``rows`` random samples of ``seq_len`` tokens, the target on ``dev``."""
+    import numpy as np
+
+    from eagle3.extract.capture import TargetCapture
+    from eagle3.extract.plan import Sample
+    from eagle3.extract.stage import MergedTokens
+    from eagle3.train.online import OnlineSource
+
+    cap = TargetCapture(model, dev, precision=precision)
+    if (cap.hidden_size, cap.vocab_size) != (H, V):
+        raise SystemExit(f"--model {model}: H={cap.hidden_size}, V={cap.vocab_size}; this bench's draft is H={H}, V={V}")
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, V, rows * seq_len).astype(np.int32)
+    tokens = MergedTokens(ids, np.ones_like(ids, dtype=np.uint8), np.arange(rows + 1, dtype=np.int64) * seq_len)
+    samples = {f"s{r}": Sample(f"s{r}", seq_len, r) for r in range(rows)}
+    return OnlineSource(cap, storage, samples, tokens, "bench"), list(samples)
+
+
+def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters: int, source=None) -> dict:
+    """One precision's timed optimizer steps: {tokens_per_s, step_wall_s, step_cpu_s, counted GFLOP/s}.
+
+    With ``source`` (online_source()), each step first computes its batch with the target."""
+    from eagle3.train.data import collate
+
     draft, head, opt = build(args.vd, dev)
     b, t = rows, seq_len
     batch = {"input_ids": torch.randint(0, V, (b, t), device=dev), "aux": torch.randn(b, t, 3 * H, device=dev),
@@ -97,6 +125,9 @@ def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters
     device_type = torch.device(dev).type
 
     def step() -> None:
+        nonlocal batch
+        if source is not None:
+            batch = collate(source[0], source[1], dev)
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
             with torch.no_grad():
                 logits, in_draft = target_from_last(batch["last"], head, draft.d2t, draft.t2d)
@@ -110,8 +141,11 @@ def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters
     sec, cpu_sec = timed(step, dev, iters)
     tokens = b * t
     f = flops_per_token(args.vd, args.ttt_length)
-    counted = (f["draft_train"] + f["target_head"]) * tokens
-    return {"precision": precision, "rows": b, "seq_len": t, "iters": iters, "step_wall_s": round(sec, 3),
+    target = 2 * source[0].capture.params() if source is not None else 0
+    counted = (f["draft_train"] + f["target_head"] + target) * tokens
+    return {"precision": precision, "mode": "online" if source is not None else "offline",
+            "target_gflop_per_token": round(target / 1e9, 4),
+            "rows": b, "seq_len": t, "iters": iters, "step_wall_s": round(sec, 3),
             "step_cpu_s": round(cpu_sec, 3), "tokens_per_s": round(tokens / sec, 1),
             "counted_gflops_wall": counted / sec / 1e9, "counted_gflops_cpu": counted / cpu_sec / 1e9,
             "draft_gflops_cpu": f["draft_train"] * tokens / cpu_sec / 1e9}
@@ -128,6 +162,10 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--online", action="store_true",
+                    help="also time the online step (target forward + draft step) next to each offline one")
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="--online: the target (H=576, V=49152)")
+    ap.add_argument("--storage", default="bf16", help="--online: the storage option whose quantisation applies")
     args = ap.parse_args()
     dev = args.device
     if args.threads:
@@ -142,6 +180,10 @@ def main() -> None:
         slow = is_slow_path(before, p, cpu_time=on_cpu)
         rows, seq_len, iters = (1, max(16, args.seq_len // 8), 1) if slow else (args.rows, args.seq_len, args.iters)
         runs.append({**run_precision(p, args, dev, rows, seq_len, iters), "reduced_shape": slow})
+        if args.online:
+            src = online_source(args.model, args.storage, p, dev, rows, seq_len)
+            runs.append({**run_precision(p, args, dev, rows, seq_len, iters, src), "reduced_shape": slow,
+                         "target_forward": src[0].capture.forward_path})
     peaks = mm_peaks(dev, cpu_time=on_cpu, earlier=before)  # again after the steps: the machine may be shared
     rate = (lambda pk: pk.gflops_cpu) if on_cpu else (lambda pk: pk.gflops)
     best = best_peak(peaks, cpu_time=on_cpu)
@@ -167,7 +209,8 @@ def main() -> None:
           f"Policy here: {policy.name} ({policy.reason})")
     for r in runs:
         shape = f"{r['rows']}x{r['seq_len']}" + (" reduced: slow path" if r["reduced_shape"] else "")
-        print(f"train {r['precision']:8s} [{shape}]: {r['tokens_per_s']:,.0f} tok/s (wall) | counted matmuls "
+        print(f"train {r['mode']:7s} {r['precision']:8s} [{shape}]: {r['tokens_per_s']:,.0f} tok/s (wall) | "
+              f"counted matmuls "
               f"{r['counted_gflops_cpu' if on_cpu else 'counted_gflops_wall']:.1f} GFLOP/s = "
               f"{100 * r['fraction_of_best_peak']:.0f}% of the best peak ({best.dtype}), "
               f"{100 * r['fraction_of_own_peak']:.0f}% of its own dtype's (goal >= 50% of the best)")

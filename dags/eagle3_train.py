@@ -35,6 +35,8 @@ from eagle3.stats import StatsConfig
 from eagle3.target import SMOLLM2_ALIAS
 from eagle3.tokenize.config import TokenizeConfig
 from eagle3.train.config import TrainConfig
+from eagle3.verify.config import VerifyConfig
+from eagle3.verify.mode import MODES as TRAINING_MODES
 from eagle3.vocab.config import VocabConfig
 from operators.params import config_param
 from operators.retry import EAGLE3_RETRY_POLICY
@@ -44,6 +46,8 @@ DAG_ID = "eagle3_train"
 # The manifest whose dataset sources are the DAG's Assets (read at parse time; YAML only).
 DEFAULT_MANIFEST = os.environ.get("EAGLE3_MANIFEST", str(Path(__file__).resolve().parents[1] / "artifacts/demo/manifest.yaml"))
 TRAIN_GPUS = int(os.environ.get("EAGLE3_TRAIN_GPUS", "1"))  # pool_slots of train; ≤ pool size
+# GPUs the target's forward needs: online training runs it inside the train task, so train holds that many too
+TARGET_GPUS = int(os.environ.get("EAGLE3_TARGET_GPUS", "1"))
 RETRIES = int(os.environ.get("EAGLE3_RETRIES", "2"))
 RETRY_DELAY = timedelta(seconds=float(os.environ.get("EAGLE3_RETRY_DELAY_S", "60")))
 DRAFT_MODEL = Asset("eagle3://draft_model", group="eagle3")
@@ -100,6 +104,8 @@ PARAMS = {
     "storage_option": config_param(ExtractConfig, "storage", enum=list(storage_options.OPTIONS),
                                    title="Hidden-state storage",
                                    description="Bytes stored per token: " + storage_options.describe()),
+    "training_mode": config_param(VerifyConfig, "training_mode", enum=list(TRAINING_MODES), title="Training mode"),
+    "online_write_back": config_param(TrainConfig, "write_back", title="Online: write computed samples back"),
     "extract_tokens_per_s": config_param(StatsConfig, "tokens_per_s", exclusiveMinimum=0,
                                          title="Extraction speed estimate"),
     "extract_shards": config_param(DiscoverConfig, "extract_shards", minimum=1, maximum=1024,
@@ -123,6 +129,22 @@ PARAMS = {
     "steps": config_param(EvaluateConfig, "steps", minimum=1, maximum=16, title="Draft steps"),
 }
 GPU = {"pool": "gpu", "queue": "gpu"}
+ONLINE = "{{ ti.xcom_pull(task_ids='discover.training_mode') == 'online' }}"  # verify's choice, as a bool
+
+
+# Training mode: verify decides (eagle3.verify.mode); online maps extract over no shard, which skips it.
+@task(task_id="training_mode")
+def _training_mode(verdict: dict) -> str:
+    if "training_mode" not in verdict:  # a verdict too big for XCom is kept in the run folder
+        from eagle3 import storage
+
+        verdict = storage.read_json(verdict["result_file"])
+    return verdict["training_mode"]["mode"]
+
+
+@task(task_id="extract_shards")
+def _offline_shards(shards: list, mode: str) -> list:
+    return [] if mode == "online" else shards
 
 
 @dag(
@@ -138,7 +160,7 @@ GPU = {"pool": "gpu", "queue": "gpu"}
 )
 def eagle3_train():
     common = {"root": ROOT}
-    with TaskGroup("discover", tooltip="eagle3.discover: the manifest's datasets and the extraction shards"):
+    with TaskGroup("discover", tooltip="eagle3.discover: the manifest's datasets and the extraction shards") as found:
         plan = Eagle3StageOperator(
             task_id="plan", stage="discover", **common,
             config={"manifest": "{{ params.manifest }}", "root": ROOT, "extract_shards": "{{ params.extract_shards }}"})
@@ -190,27 +212,32 @@ def eagle3_train():
                 "storage": "{{ params.storage_option }}", "tokens_per_s": "{{ params.extract_tokens_per_s }}",
                 # what this run merged with: a stale merge of another run fails the gate
                 "expect_seed": "{{ params.seed }}", "expect_max_seq_len": "{{ params.max_seq_len }}",
-                "expect_drop": "{{ params.drop }}", "expect_manifest": "{{ params.manifest }}"})
+                "expect_drop": "{{ params.drop }}", "expect_manifest": "{{ params.manifest }}",
+                "training_mode": "{{ params.training_mode }}", "epochs": "{{ params.epochs }}"})
     vocab = Eagle3StageOperator(
         task_id="vocab", stage="vocab", **common,
         config={"merged": RUN.folder("merged"), "out": RUN.folder("vocab"),
                 "draft_vocab_size": "{{ params.draft_vocab_size }}"})
 
+    with found:  # the plan's selectors: the shards to extract, none when verify chose online training
+        shards = _offline_shards(to_extract, _training_mode(verify.output))
     extract = Eagle3StageOperator.partial(
         task_id="extract", stage="extract", map_index_template="{{ task.mapped.shard }}", **GPU, **common,
         config={"merged": RUN.folder("merged"), "model": "{{ params.model }}", "out": layout.store(ROOT),
                 "layers": "{{ params.aux_layers }}", "storage": "{{ params.storage_option }}",
                 "token_budget": "{{ params.extract_token_budget }}", "precision": "{{ params.precision }}"},
-    ).expand(mapped=to_extract)
+    ).expand(mapped=shards)
 
     train = TrainOperator(
-        task_id="train", nproc=TRAIN_GPUS, pool_slots=TRAIN_GPUS, **GPU, **common,
+        task_id="train", nproc=TRAIN_GPUS, pool_slots=max(TRAIN_GPUS, TARGET_GPUS), trigger_rule="none_failed",
+        **GPU, **common,
         config={"store": layout.store(ROOT), "layers": "{{ params.aux_layers }}", "storage": "{{ params.storage_option }}",
                 "merged": RUN.folder("merged"), "vocab": RUN.folder("vocab"), "out": RUN.folder("checkpoint"),
                 "model": "{{ params.model }}", "ttt_length": "{{ params.ttt_length }}", "epochs": "{{ params.epochs }}",
                 "lr": "{{ params.lr }}", "token_budget": "{{ params.train_token_budget }}",
                 "max_steps": "{{ params.max_steps }}", "seed": "{{ params.seed }}",
-                "precision": "{{ params.precision }}"})
+                "precision": "{{ params.precision }}",
+                "online": ONLINE, "write_back": "{{ params.online_write_back and " + ONLINE[3:]})
     export = Eagle3StageOperator(
         task_id="export", stage="export", **common,
         config={"checkpoint": RUN.folder("checkpoint"), "out": RUN.folder("draft")})

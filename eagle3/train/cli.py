@@ -4,6 +4,9 @@ Resumes from OUT/latest.json when it exists. Exit codes: 0 done, 2 bad input
 (never retry), 75 out of memory (state saved with half the micro-batch and
 twice the accumulation; re-run the same command to resume).
 
+Online: `eagle3 train --online --merged MERGED --model T --store STORE ...` runs the target inside
+training (samples the store lacks are computed per micro-batch; --write-back stores them).
+
 Data-parallel: `eagle3 train --nproc N ...` launches torchrun itself and keeps the exit codes above (torchrun
 alone exits 1 whatever its workers' codes); `python -m torch.distributed.run --nproc_per_node N -m
 eagle3.train.cli --config CFG.json` works too.

@@ -73,6 +73,13 @@ class TrainConfig:
     """Compute precision of the draft's forward and backward: bfloat16 runs them under bf16 autocast (master
     weights, optimizer and the target's soft labels stay fp32), float32 without; auto
     (eagle3.devices.resolve_precision) picks bf16 where the machine has a bf16 matrix engine, fp32 elsewhere."""
+    online: bool = False
+    """Run the target inside training (eagle3.train.online) instead of reading every sample from the store:
+    samples the store already holds are read from it, the rest are computed per micro-batch and quantised as
+    ``storage`` would store them. Needs ``merged`` and ``model``."""
+    write_back: bool = False
+    """Online mode: also write the samples computed online into the store (shards of task ``online<rank>``),
+    so later epochs and later runs read them instead of recomputing them."""
 
     def __post_init__(self) -> None:
         positive = ("epochs", "ttt_length", "token_budget", "grad_accum", "keep", "log_every", "save_every")
@@ -94,6 +101,11 @@ class TrainConfig:
         check_precision(self.precision, "TrainConfig.precision")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         storage_options.option(self.storage)
+        if self.online and not (self.merged and self.model):
+            raise InputError("TrainConfig.online needs merged (the samples' tokens) and model (the target to run); "
+                             "e.g. eagle3 train --online --merged MERGED --model smollm2-135m-instruct ...")
+        if self.write_back and not self.online:
+            raise InputError("TrainConfig.write_back is for online mode only; add --online")
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:

@@ -112,7 +112,8 @@ def collate(store, ids: list[str], device="cpu") -> dict:
     """
     import torch
 
-    samples = [store.get(s) for s in ids]
+    # an online source (eagle3.train.online) computes the samples it lacks in one target forward
+    samples = store.get_many(ids) if hasattr(store, "get_many") else [store.get(s) for s in ids]
     lens = [int(s["input_ids"].shape[0]) for s in samples]
     B, T = len(samples), max(lens)
     out = {}

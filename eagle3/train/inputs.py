@@ -35,6 +35,8 @@ class TrainInputs:
 
     def loss_mask(self, sample_id: str) -> torch.Tensor:
         """One sample's loss_mask read alone (not its hidden states): the loss denominators need only this."""
+        if hasattr(self.store, "loss_mask"):  # online: from the merged dataset
+            return self.store.loss_mask(sample_id)
         shard, i = self.store._locate(sample_id)  # noqa: SLF001 - no public per-tensor reader yet
         f, offsets = self.store._handle(shard)  # noqa: SLF001
         return f.get_slice("loss_mask")[offsets[i]: offsets[i + 1]]
@@ -84,11 +86,17 @@ def _store_key(cfg: TrainConfig) -> str | None:
     return store_key(model_fingerprint(resolve_model(cfg.model)), list(layers), cfg.storage)
 
 
-def load_inputs(cfg: TrainConfig) -> TrainInputs:
+def load_inputs(cfg: TrainConfig, device: str = "cpu") -> TrainInputs:
+    """What the run trains on; with ``cfg.online`` the target is loaded on ``device`` (eagle3.train.online)."""
     from eagle3.extract.store import HiddenStateStore
     from eagle3.target import config_vocab_size, model_fingerprint, read_config, resolve_model
 
-    store = HiddenStateStore(cfg.store, _store_key(cfg))
+    if cfg.online:
+        from eagle3.train.online import open_source
+
+        store = open_source(cfg, device)
+    else:
+        store = HiddenStateStore(cfg.store, _store_key(cfg))
     d2t, t2d = load_vocab(cfg.vocab)
     name = cfg.model or store.info.get("model_name")
     if not name:

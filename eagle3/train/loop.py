@@ -40,7 +40,7 @@ def train(cfg: TrainConfig) -> dict:
     """
     dist = distributed.setup(cfg.device)
     try:
-        return Trainer(cfg, load_inputs(cfg), dist).run()
+        return Trainer(cfg, load_inputs(cfg, dist.device), dist).run()
     finally:
         dist.close()
 
@@ -173,6 +173,7 @@ class Trainer:
         mine = data.rank_slice(held, self.lengths, self.dist.rank, self.dist.world)
         sums, failed = self._run(mine, torch.ones(self.cfg.ttt_length), grad=False)
         self.model.train()
+        self._flush_online()  # the next evaluation reads the held-out samples written back
         if self.dist.all_reduce(torch.tensor([float(failed)]), op="max").item():
             self._on_oom()
         self.dist.all_reduce(sums)
@@ -219,6 +220,7 @@ class Trainer:
             batches = self.plan(self.pos.epoch)
             if self.pos.index >= len(batches):
                 self.pos = data.Position(self.pos.epoch + 1, 0)
+                self._flush_online()  # the next epoch reads the written-back samples
                 continue
             gb = batches[self.pos.index]
             denominators = self._denominators(gb)
@@ -244,7 +246,7 @@ class Trainer:
                 m.update(event="train", step=self.step, epoch=self.pos.epoch, lr=lr, grad_norm=grad_norm,
                          tokens=tokens, tokens_per_s=run_tokens / max(time.monotonic() - t0, 1e-9),
                          token_budget=self.micro, grad_accum=self.accum, world_size=dist.world,
-                         precision=self.precision.name)
+                         precision=self.precision.name, **self._mode())
                 self.metrics.write(m)
                 log.info("step %d/%d loss %.4f acc_0 %.3f lr %.2e | %s", self.step, self.total_steps, m["loss"],
                          m["acc_0"], lr, progress.line())
@@ -253,6 +255,7 @@ class Trainer:
             if self.step % cfg.save_every == 0 and self.step < self.total_steps:
                 self.save()
         last_eval = self.evaluate() or last_eval
+        self._flush_online()
         self.save()
         progress.finish()
         return self._summary(last_eval, run_tokens, time.monotonic() - t0)
@@ -265,5 +268,16 @@ class Trainer:
             "heldout_acc": last_eval["acc_i"] if last_eval else None,
             "token_budget": self.micro, "grad_accum": self.accum, "world_size": self.dist.world,
             "epoch": self.pos.epoch, "precision": self.precision.to_dict(),
-            "metrics": self.metrics.uri,
+            "metrics": self.metrics.uri, **self._mode(),
         }
+
+    # -- online mode (eagle3.train.online) -------------------------------------------------
+    def _mode(self) -> dict:
+        """"mode" for the metrics and the summary; online runs add what the target computed so far."""
+        if not hasattr(self.inp.store, "stats"):
+            return {"mode": "offline"}
+        return {"mode": "online", "online": self.inp.store.stats()}
+
+    def _flush_online(self) -> None:
+        if hasattr(self.inp.store, "flush"):
+            self.inp.store.flush()

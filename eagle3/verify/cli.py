@@ -6,6 +6,8 @@
 from eagle3 import storage_options
 from eagle3.config import stage_cli
 from eagle3.verify import VerifyConfig, verify
+from eagle3.verify.mode import MODES
 
 
-add_arguments, run = stage_cli(VerifyConfig, verify, choices={"storage": tuple(storage_options.OPTIONS)})
+add_arguments, run = stage_cli(VerifyConfig, verify, choices={"storage": tuple(storage_options.OPTIONS),
+                                                          "training_mode": MODES})

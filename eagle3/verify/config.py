@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from eagle3 import storage_options
 from eagle3.errors import InputError
+from eagle3.verify import mode
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,14 @@ class VerifyConfig:
     """The dataset manifest this run merged: its datasets not dropped must be the manifest's sources."""
     expect_sources: tuple[str, ...] | None = None
     """The merged sources, when no expect_manifest gives them (None: not checked)."""
+    training_mode: str = mode.DEFAULT
+    """offline (extract a store, then train from it), online (the target runs inside training, no store) or
+    auto (offline when the store fits the free space at ``store`` with ``headroom``, else online); the verdict's
+    ``training_mode`` records the choice, why, and both modes' costs (eagle3.verify.mode)."""
+    epochs: int = 1
+    """Training epochs, for the cost of both modes (online repeats the target's forward every epoch)."""
+    train_tokens_per_s: float = mode.DEFAULT_TRAIN_TOKENS_PER_S
+    """Draft training speed for the hours estimate of both modes."""
 
     def __post_init__(self):
         from eagle3.merge.config import _names
@@ -49,6 +58,10 @@ class VerifyConfig:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _names(getattr(self, name)))
         storage_options.option(self.storage)
+        mode.check_mode(self.training_mode, "VerifyConfig.training_mode")
+        if self.epochs < 1 or self.train_tokens_per_s <= 0:
+            raise InputError(f"need epochs >= 1 and train_tokens_per_s > 0; got {self.epochs}, "
+                             f"{self.train_tokens_per_s}")
         if self.model and self.hidden_size:
             raise InputError("VerifyConfig: give model or hidden_size, not both")
         if self.hidden_size is not None and self.hidden_size < 1:

@@ -227,6 +227,22 @@ def _space_check(cfg: VerifyConfig, tokens: int, samples: int) -> dict:
                   free_bytes=free, hours=hours, hidden_size=hidden, storage=cfg.storage)
 
 
+def training_mode(cfg: VerifyConfig, space: dict, tokens: int, samples: int) -> dict:
+    """Offline or online (eagle3.verify.mode), with both modes' costs logged before anything runs. Online
+    writes no store, so then the store's space (and extraction hours) no longer fail the gate."""
+    from eagle3.verify import mode
+
+    cost = mode.costs(cfg.storage, space["hidden_size"], tokens, samples, cfg.epochs, cfg.tokens_per_s,
+                      cfg.train_tokens_per_s)
+    verdict = mode.choose(cfg.training_mode, cost, space["free_bytes"], cfg.headroom, cfg.store or cfg.merged)
+    for line in mode.describe(cost):
+        log.info("verify cost %s", line)
+    log.info("verify training mode: %s (%s)", verdict["mode"], verdict["reason"])
+    if verdict["mode"] == "online" and not space["passed"]:
+        space.update(passed=True, detail="not needed, training online (no store): " + space["detail"])
+    return verdict
+
+
 def run(cfg: VerifyConfig) -> dict:
     """Run every check on a merged folder, write verify.json, raise GateFailed if one fails.
 
@@ -245,11 +261,14 @@ def run(cfg: VerifyConfig) -> dict:
     source_checks, rank = _source_checks(out, man, cfg.prepared)
     checks += _row_checks(out, man["max_seq_len"]) + source_checks
     checks += _order_checks(out, man, rank, cfg.p_threshold)
-    checks.append(_space_check(cfg, int(out.num_tokens.sum()), out.n))
+    space = _space_check(cfg, int(out.num_tokens.sum()), out.n)
+    mode = training_mode(cfg, space, int(out.num_tokens.sum()), out.n)
+    checks.append(space)
     checks += expectation_checks(cfg, man, out.source)
     failed = [c for c in checks if not c["passed"]]
     result = {"passed": not failed, "failed": [c["name"] for c in failed], "samples": out.n,
-              "tokens": int(out.num_tokens.sum()), "content_hash": man.get("content_hash"), "checks": checks}
+              "tokens": int(out.num_tokens.sum()), "content_hash": man.get("content_hash"), "checks": checks,
+              "training_mode": mode}
     storage.write_json(storage.join(cfg.merged, "verify.json"), result)
     for c in checks:
         log.info("verify %-18s %s  %s", c["name"], "ok  " if c["passed"] else "FAIL", c["detail"])

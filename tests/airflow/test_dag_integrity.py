@@ -158,7 +158,7 @@ def test_one_precision_param_reaches_every_stage_that_computes(dag):
     assert {default(cls, "precision") for cls in configs} == {dag.params["precision"]} == {"auto"}
     assert dag.params.get_param("precision").schema["enum"] == list(PRECISIONS)
     ctx = {"params": {**{k: dag.params[k] for k in dag.params}, "precision": "bfloat16", "storage_root": "/r"},
-           "run_id": "r1"}
+           "run_id": "r1", "ti": _TI("offline")}
     for task_id in ("extract", "train", "evaluate", "regenerate"):
         task = dag.get_task(task_id)
         cfg = task.render_template(task.partial_kwargs["config"] if hasattr(task, "partial_kwargs") else task.config,
@@ -188,3 +188,44 @@ def test_params_reach_the_config_with_their_type(dag):
     from eagle3.merge import MergeConfig
 
     assert from_dict(MergeConfig, cfg).drop == ("long_reports",)
+
+
+class _TI:
+    """The one TaskInstance call the train template makes: the training mode verify chose."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+
+    def xcom_pull(self, task_ids: str):
+        assert task_ids == "discover.training_mode"
+        return self.mode
+
+
+def test_training_mode_param_reaches_verify_and_online_skips_extract(dag):
+    """verify decides offline/online (eagle3.verify.mode); online maps extract over no shard (skipped), train
+    still runs (none_failed) with online=True and holds the target's GPU slots."""
+    from eagle3.config import default
+    from eagle3.verify import VerifyConfig
+    from eagle3.verify.mode import MODES
+
+    assert dag.params["training_mode"] == default(VerifyConfig, "training_mode") == "offline"
+    assert dag.params.get_param("training_mode").schema["enum"] == list(MODES)
+    ctx = {"params": {**{k: dag.params[k] for k in dag.params}, "training_mode": "auto", "epochs": 3,
+                      "storage_root": "/r"}, "run_id": "r1"}
+    verify = dag.get_task("verify")
+    cfg = verify.render_template(verify.config, ctx, jinja_env=dag.get_template_env())
+    assert cfg["training_mode"] == "auto" and cfg["epochs"] == 3
+    train = dag.get_task("train")
+    for mode, online in (("online", True), ("offline", False)):
+        cfg = train.render_template(train.config, {**ctx, "ti": _TI(mode)}, jinja_env=dag.get_template_env())
+        assert cfg["online"] is online and cfg["write_back"] is False
+        back = {**ctx, "params": {**ctx["params"], "online_write_back": True}, "ti": _TI(mode)}
+        cfg = train.render_template(train.config, back, jinja_env=dag.get_template_env())
+        assert cfg["write_back"] is online  # write-back only where training runs online
+    assert train.trigger_rule == "none_failed" and train.pool_slots >= 1
+    shards = dag.get_task("discover.extract_shards")
+    assert "discover.training_mode" in shards.upstream_task_ids and "extract" in shards.downstream_task_ids
+    assert "verify" in dag.get_task("discover.training_mode").upstream_task_ids
+    pick = shards.python_callable
+    assert pick([{"shard": "0/2"}, {"shard": "1/2"}], "online") == []
+    assert pick([{"shard": "0/1"}], "offline") == [{"shard": "0/1"}]
