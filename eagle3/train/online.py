@@ -62,6 +62,13 @@ class OnlineSource:
     def num_tokens(self, sample_id: str) -> int:
         return int(self._sample(sample_id).num_tokens)
 
+    def check(self, sample_ids=None) -> None:
+        """Verify the stored shards this run will read (hybrid); computed samples have nothing to check."""
+        if self.stored is not None:
+            ids = [s for s in (self._samples if sample_ids is None else sample_ids) if s in self.stored]
+            if ids:
+                self.stored.check(ids)
+
     def loss_mask(self, sample_id: str) -> torch.Tensor:
         return torch.from_numpy(self._tokens.row(self._sample(sample_id).row)[1])
 

@@ -8,11 +8,13 @@ loss curves must agree within float tolerance, for a `last` option and the top-k
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 import torch
 
 from eagle3.checkpoint import read_metrics
+from eagle3.errors import InputError
 from eagle3.extract import ExtractConfig, extract
 from eagle3.extract.store import HiddenStateStore
 from eagle3.train.config import TrainConfig
@@ -173,3 +175,14 @@ def test_online_matches_offline_on_smollm2(tmp_path, smollm2_dir):
     trained, held = heldout_split([s["id"] for s in samples], 0.2)
     # no store: every training sample once per epoch, the held-out ones at the final evaluation
     assert on["online"]["samples_computed"] == 2 * len(trained) + len(held)
+
+
+def test_hybrid_refuses_a_corrupted_stored_shard(data, tmp_path):
+    half = Path(offline_store(data, "bf16", shard="0/2", name="store-corrupt"))
+    shard = sorted(half.rglob("*.safetensors"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[-10] ^= 0xFF  # one flipped byte in the tensor data: same size, new mtime
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(InputError, match="corrupted hidden-state shard") as e:
+        train(cfg(data, tmp_path / "on", half, online=True))
+    assert shard.name in str(e.value) and "eagle3 extract" in str(e.value)
