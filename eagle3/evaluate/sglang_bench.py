@@ -31,13 +31,12 @@ import os
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 from eagle3 import storage
 from eagle3.errors import Eagle3Error, GateFailed, InputError
 from eagle3.serving import ServerPhases, free_port
+from eagle3.serving.process import http_request
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +105,7 @@ def speculative_args(cfg: SGLangBenchConfig) -> dict:
 
 
 def _http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> Any:
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
-                                 method="GET" if data is None else "POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        body = e.read()[:500].decode(errors="replace")
-        raise SGLangResponseError(f"{req.method} {url} answered HTTP {e.code}: {body}") from None
+    return json.loads(http_request(url, payload, timeout, SGLangResponseError))
 
 
 def parse_generate(resp: Any, speculative: bool, url: str) -> dict:

@@ -21,14 +21,13 @@ import logging
 import re
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 from eagle3 import acceptance, storage
 from eagle3.errors import Eagle3Error, InputError
 from eagle3.evaluate.config import EvaluateConfig
 from eagle3.serving import ServerPhases, free_port
+from eagle3.serving.process import http_request
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +70,7 @@ def counts_between(before: dict, after: dict, k: int) -> dict:
 
 
 def _http(url: str, payload: dict | None = None, timeout: float = 600.0) -> bytes:
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
-                                 method="GET" if data is None else "POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.read()
-    except urllib.error.HTTPError as e:
-        raise VLLMResponseError(f"{req.method} {url} answered HTTP {e.code}: "
-                                f"{e.read()[:500].decode(errors='replace')}") from None
+    return http_request(url, payload, timeout, VLLMResponseError)
 
 
 def complete(url: str, model: str, ids: list[int], max_tokens: int, timeout: float = 600.0) -> dict:

@@ -232,3 +232,17 @@ class ServerPhases:
             with self._lock:
                 self._server = None
             server.stop()
+
+
+def http_request(url: str, payload: dict | None, timeout: float, error: type[Exception]) -> bytes:
+    """GET ``url`` (or POST ``payload`` as JSON); an HTTP error status raises ``error`` with the server's answer."""
+    import json
+
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                 method="GET" if data is None else "POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.read()
+    except urllib.error.HTTPError as e:
+        raise error(f"{req.method} {url} answered HTTP {e.code}: {e.read()[:500].decode(errors='replace')}") from None

@@ -131,10 +131,8 @@ def test_sglang_evaluate_runs_both_servers_in_the_child_and_stops_them(fake_sgla
     assert not alive(base["pid"]) and not alive(spec["pid"])
 
 
-def test_on_kill_while_a_server_starts_stops_the_child_and_the_server(fake_sglang, tmp_path, tiny_llama_dir,
-                                                                      monkeypatch):
-    monkeypatch.setenv("FAKE_SGLANG_STARTUP_S", "120")  # /health stays 503: the stage waits
-    op = _evaluate_op(tmp_path, tiny_llama_dir)
+def _execute_in_thread(op) -> tuple[threading.Thread, list[BaseException]]:
+    """Start ``op.execute`` in a thread, as the task runner would, so the test can call ``on_kill`` meanwhile."""
     failures: list[BaseException] = []
 
     def run():
@@ -145,6 +143,14 @@ def test_on_kill_while_a_server_starts_stops_the_child_and_the_server(fake_sglan
 
     t = threading.Thread(target=run)
     t.start()
+    return t, failures
+
+
+def test_on_kill_while_a_server_starts_stops_the_child_and_the_server(fake_sglang, tmp_path, tiny_llama_dir,
+                                                                      monkeypatch):
+    monkeypatch.setenv("FAKE_SGLANG_STARTUP_S", "120")  # /health stays 503: the stage waits
+    op = _evaluate_op(tmp_path, tiny_llama_dir)
+    t, failures = _execute_in_thread(op)
     deadline = time.time() + 60
     while not _runs(fake_sglang) and time.time() < deadline:
         time.sleep(0.2)
@@ -181,16 +187,7 @@ def test_on_kill_while_vllm_starts_stops_the_child_and_the_server(monkeypatch, t
     monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
     monkeypatch.setenv("FAKE_VLLM_STARTUP_S", "120")
     op = _evaluate_op(tmp_path, tiny_llama_dir, backend="vllm")
-    failures: list[BaseException] = []
-
-    def run():
-        try:
-            op.execute(context())
-        except BaseException as e:  # noqa: BLE001 - the test inspects it
-            failures.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
+    t, failures = _execute_in_thread(op)
     deadline = time.time() + 90
     while not record.exists() and time.time() < deadline:
         time.sleep(0.2)
