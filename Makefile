@@ -57,10 +57,12 @@ $(AIRFLOW_HOME)/.ready: $(BIN)/.installed pools.json
 airflow-home: $(AIRFLOW_HOME)/.ready
 
 # The whole DAG on the bundled SmolLM2 with an embedded SQLite Airflow; the two venvs install side by side.
+# Options of demo/run_demo.py pass through: make demo DEMO_ARGS='--model gemma3-270m' DEMO_CONF='{"epochs": 4}'
+DEMO_CONF ?= {}
 demo:
 	$(MAKE) -j2 venv vllm
 	$(MAKE) airflow-home
-	$(BIN)/python demo/run_demo.py
+	$(BIN)/python demo/run_demo.py $(DEMO_ARGS) --conf '$(DEMO_CONF)'
 
 # Airflow UI with the project's DAGs and report plugin; password in
 # $(AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated (user admin).
