@@ -1,7 +1,8 @@
 """Acceptance arithmetic over verification traces (torch-free).
 
 A trace is a list of `StepRecord`-like objects with ``drafted`` (k_i),
-``accepted`` (a_i) and ``emitted`` (tokens appended, normally a_i + 1).
+``accepted`` (a_i) and ``emitted`` (a_i + 1: the project decoder and vLLM both count a verification's
+accepted drafts before a stop, eos or max_new_tokens, trims the output).
 
 - τ (acceptance length) = Σ emitted / number of verifications. The bonus token
   is included, so a k-step chain caps it at k + 1. The prefill's first token is

@@ -34,11 +34,14 @@ class StepRecord:
     """One target verification."""
 
     drafted: int
-    """k_i: draft tokens proposed this round (fewer than k near max_new_tokens)."""
+    """k_i: draft tokens proposed this round (always k, also near max_new_tokens, as in vLLM)."""
     accepted: int
-    """a_i: leading draft tokens equal to the target's argmax (cut at a stop)."""
+    """a_i: leading draft tokens equal to the target's argmax, all of them, also past a stop."""
     emitted: int
-    """tokens appended to the output: a_i + 1 (the bonus), or fewer at eos/max_new_tokens."""
+    """a_i + 1 (the bonus): what this verification produced before a stop (eos, max_new_tokens) trims
+    the output. vLLM's counters count acceptances before that trim too (v1 scheduler: the accepted
+    count is taken from the sampled ids, then check_stop cuts them), so on the same output both
+    engines report the same per-prompt counts."""
 
 
 @dataclasses.dataclass
@@ -216,32 +219,27 @@ def speculative_generate(target: TargetRunner, draft: DraftStepper, prompt_ids: 
     draft.reset()
     # The draft's input at position t is (x_{t+1}, aux_t): the prompt shifted by one, then the root.
     pending_ids, pending_aux = prompt_ids[1:] + [root], aux
+    k = steps
     while not stop:
-        # The bonus token always fills one slot, so never draft past the budget.
-        k = min(steps, max_new_tokens - len(out) - 1)
-        drafts: list[int] = []
-        if k > 0:
-            seen = len(draft)
-            token, hidden = draft.extend(pending_ids, pending_aux)
+        seen = len(draft)
+        token, hidden = draft.extend(pending_ids, pending_aux)
+        drafts = [token]
+        for _ in range(k - 1):
+            token, hidden = draft.chain(token, hidden)
             drafts.append(token)
-            for _ in range(k - 1):
-                token, hidden = draft.chain(token, hidden)
-                drafts.append(token)
-            draft.truncate(seen + len(pending_ids))  # drop the chain rows
+        draft.truncate(seen + len(pending_ids))  # drop the chain rows
         verified_from = cache.get_seq_length()
         logits, ver_aux = target.forward([root, *drafts], cache, all_logits=True, aux=True)
         best = logits.argmax(dim=-1).tolist()
         accepted = 0
         while accepted < k and drafts[accepted] == best[accepted]:
             accepted += 1
-        emitted = 0
         for token in [*drafts[:accepted], best[accepted]]:
             out.append(token)
-            emitted += 1
             stop = _stop_after(token, len(out), max_new_tokens, eos_ids)
             if stop:
                 break
-        records.append(StepRecord(drafted=k, accepted=min(accepted, emitted), emitted=emitted))
+        records.append(StepRecord(drafted=k, accepted=accepted, emitted=accepted + 1))
         # Keep root + accepted drafts in the target cache; the bonus is the next root.
         crop_cache(cache, verified_from + 1 + accepted)
         pending_ids, pending_aux = [*drafts[:accepted], best[accepted]], ver_aux[: accepted + 1]

@@ -51,9 +51,10 @@ def test_evaluate_writes_a_lossless_report(tiny_llama_dir, tiny_draft, prompts, 
     assert report["tokens_per_s_spec"] > 0 and report["tokens_per_s_base"] > 0
     assert report["speedup"] == pytest.approx(report["tokens_per_s_spec"] / report["tokens_per_s_base"])
     assert report["aux_layer_ids"] == [1, 3, 4] and report["steps"] == 3
-    # τ is Σ emitted / Σ verifications over every prompt
+    # τ is Σ emitted / Σ verifications over every prompt; the random draft accepts nothing, so no last round
+    # overshoots max_new_tokens and the emitted tokens are the output less the prefill's token
     steps = sum(p["verifications"] for p in report["prompts"])
-    emitted = sum(p["new_tokens"] - 1 for p in report["prompts"])  # the prefill token is no verification
+    emitted = sum(p["new_tokens"] - 1 for p in report["prompts"])
     assert report["acceptance_length"] == pytest.approx(emitted / steps)
     assert report["sim_accept_len"] == 1.7  # the last *eval* line, not the later train line
     assert report["sim_accept_len_k"] == pytest.approx(1 + 0.5 + 0.5 * 0.4)  # its acc_0, acc_1 over k=3 steps

@@ -1,7 +1,8 @@
 """vLLM (the real engine, CPU build, its own venv) runs this project's export of a SmolLM2 draft: it loads,
-speculation is lossless token for token, and its τ equals the project decoder's on the same prompts. The
-draft reads NON-default aux layers and is built so that acceptance depends on them (tests/evaluate/lens_draft.py);
-the old export (only eagle_config, which vLLM takes one layer too early) must give a clearly different τ.
+speculation is lossless token for token, and on the same output its per-prompt acceptance counts equal the
+project decoder's exactly. The draft reads NON-default aux layers and is fitted so that it is accepted only
+when fed the layer it was fitted on (tests/evaluate/lens_draft.py); the old export (only eagle_config, which
+vLLM takes one layer too early) must lose that acceptance.
 
 Three vLLM starts (baseline, EAGLE-3, EAGLE-3 on the old export), --enforce-eager, shared by the tests of
 this module; the compile cache under ~/.cache/eagle3/vllm is reused across runs.
@@ -20,11 +21,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 AUX = (0, 13, 27)  # SmolLM2 has 30 layers; the default would be [1, 14, 26]
 LIMIT, NEW_TOKENS = 2, 32
-# SmolLM2 answers these with period two ("Hello, hello, hello, ..."), where the lens of a token's embedding
-# guesses the token after next ~45% of the time and the lens of layer 0's output never (measured with
-# transformers: 0.48 / 0.45 vs 0.0 / 0.0).
+# SmolLM2 answers these with period two ("Hello, hello, hello, ..."). The draft's fc maps layer 0's output
+# to the token's embedding (fitted on FIT_TEXTS, not on these), whose lens is the token itself, the right
+# guess for the token after next: measured with transformers, 0.48 / 0.45 of the positions fed layer 0's
+# output, 0.0 / 0.0 fed the embeddings (what vLLM feeds for id 0 of the old export).
 REPEATS = ["Write the word 'hello' twenty times, separated by spaces.",
            "Write the word 'cat' twenty times, separated by spaces."]
+FIT_TEXTS = ["dog, dog, dog, dog, dog, dog, dog, dog, dog, dog, dog, dog",
+             "The quick brown fox jumps over the lazy dog. Then it runs home, eats, and sleeps until noon.",
+             "def add(a, b):\n    return a + b\n\nprint(add(2, 3))  # five",
+             "Yes no. Yes no. I'm ready to help. What's your next question?"]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +44,7 @@ def prompts(tmp_path_factory) -> str:
 def both_engines(smollm2_dir, tmp_path_factory, prompts):
     """One evaluate run: the project decoder, then vLLM (two servers), on the same prompts."""
     tmp = tmp_path_factory.mktemp("vllm-eval")
-    draft = lens_draft(smollm2_dir, tmp / "draft", AUX)
+    draft = lens_draft(smollm2_dir, tmp / "draft", AUX, fit_texts=FIT_TEXTS)
     summary = evaluate(EvaluateConfig(model=smollm2_dir, draft=draft, out=str(tmp / "eval"), prompts=prompts,
                                       limit=LIMIT, max_new_tokens=NEW_TOKENS, steps=3, device="cpu",
                                       precision="float32", compare_with=("vllm",)))
@@ -57,12 +63,18 @@ def test_vllm_loads_the_export_and_speculates_losslessly(both_engines):
     assert summary["lossless"] is True
 
 
-def test_vllm_tau_equals_the_project_decoder_tau_on_non_default_aux_layers(both_engines):
+def test_vllm_accepts_what_the_project_decoder_accepts_on_non_default_aux_layers(both_engines):
     _, report, vllm, _ = both_engines
     ours, theirs = report["engines"]["transformers"], report["engines"]["vllm"]
-    assert abs(ours["tau"] - theirs["tau"]) < 0.1, (ours["tau"], theirs["tau"])
+    assert ours["tau"] > 1.3, ours  # fed the layer it was fitted on, the draft is accepted
+    assert abs(ours["tau"] - theirs["tau"]) < 0.05, (ours["tau"], theirs["tau"])
     assert report["agreement"]["vllm"]["tau"]["agree"], report["agreement"]["vllm"]
-    assert abs(ours["accept_rate_by_position"][0] - theirs["accept_rate_by_position"][0]) < 0.08
+    # Where both engines generated the same tokens, they count the same acceptances, prompt by prompt.
+    theirs_by_id = {p["id"]: p for p in vllm["prompts"]}
+    same = [(p["counts"], theirs_by_id[p["id"]]["counts"]) for p in report["prompts"]
+            if p["token_ids"] == theirs_by_id[p["id"]]["token_ids"]]
+    assert same and report["agreement"]["vllm"]["same_greedy_output"] == len(same)
+    assert all(a == b for a, b in same), same
 
 
 def test_the_old_export_makes_vllm_read_another_layer(both_engines, smollm2_dir, prompts):
@@ -70,7 +82,7 @@ def test_the_old_export_makes_vllm_read_another_layer(both_engines, smollm2_dir,
 
     _, report, _, tmp = both_engines
     old = tmp / "old-draft"
-    lens_draft(smollm2_dir, old, AUX)
+    lens_draft(smollm2_dir, old, AUX, fit_texts=FIT_TEXTS)
     cfg = json.loads((old / "config.json").read_text())
     del cfg["eagle_aux_hidden_state_layer_ids"]  # the export before issue 11: vLLM reads eagle_config as is
     (old / "config.json").write_text(json.dumps(cfg))
@@ -85,7 +97,7 @@ def test_the_old_export_makes_vllm_read_another_layer(both_engines, smollm2_dir,
     ids = [encode_prompt(tok, p) for ps in load_prompt_sets(prompts, LIMIT).values() for p in ps]
     phase = bench.run_phase("eagle3", bench.server("eagle3", smollm2_dir, "float32"), ids)
     old_tau = tau_of([r["counts"] for r in phase["requests"]])
-    # The old ids make vLLM feed the draft the embeddings instead of layer 0's output: it guesses the
-    # repeats the project decoder cannot, so its τ departs from the decoder's by far more than noise.
+    # The old ids make vLLM feed the draft the embeddings instead of layer 0's output: the fitted lens
+    # no longer finds the token, and the acceptance the project decoder measured is gone.
     ours = report["engines"]["transformers"]["tau"]
-    assert old_tau > ours + 0.3, (old_tau, ours, report["engines"]["vllm"]["tau"])
+    assert old_tau < ours - 0.25, (old_tau, ours, report["engines"]["vllm"]["tau"])
