@@ -66,6 +66,8 @@ def test_vllm_loads_the_export_and_speculates_losslessly(both_engines):
 def test_vllm_accepts_what_the_project_decoder_accepts_on_non_default_aux_layers(both_engines):
     _, report, vllm, _ = both_engines
     ours, theirs = report["engines"]["transformers"], report["engines"]["vllm"]
+    print(f"τ decoder {ours['tau']:.3f} vLLM {theirs['tau']:.3f}; same output on "
+          f"{report['agreement']['vllm']['same_greedy_output']}/{LIMIT} prompts")
     assert ours["tau"] > 1.3, ours  # fed the layer it was fitted on, the draft is accepted
     assert abs(ours["tau"] - theirs["tau"]) < 0.05, (ours["tau"], theirs["tau"])
     assert report["agreement"]["vllm"]["tau"]["agree"], report["agreement"]["vllm"]
@@ -100,4 +102,5 @@ def test_the_old_export_makes_vllm_read_another_layer(both_engines, smollm2_dir,
     # The old ids make vLLM feed the draft the embeddings instead of layer 0's output: the fitted lens
     # no longer finds the token, and the acceptance the project decoder measured is gone.
     ours = report["engines"]["transformers"]["tau"]
+    print(f"τ old export in vLLM {old_tau:.3f} vs decoder {ours:.3f}")
     assert old_tau < ours - 0.25, (old_tau, ours, report["engines"]["vllm"]["tau"])
