@@ -30,6 +30,7 @@ from eagle3.evaluate.config import EvaluateConfig
 from eagle3.extract.config import ExtractConfig
 from eagle3.merge.config import MergeConfig
 from eagle3.regenerate.config import BACKENDS as REGENERATE_BACKENDS
+from eagle3.regenerate.config import SERVERS as REGENERATE_SERVERS
 from eagle3.regenerate.config import RegenerateConfig
 from eagle3.stats import StatsConfig
 from eagle3.target import SMOLLM2_ALIAS
@@ -95,6 +96,8 @@ PARAMS = {
                                      title="Max reject share"),
     "regenerate_backend": config_param(RegenerateConfig, "backend", enum=list(REGENERATE_BACKENDS),
                                        title="Regeneration backend"),
+    "regenerate_server": config_param(RegenerateConfig, "server", enum=[None, *REGENERATE_SERVERS],
+                                      type=["null", "string"], title="Regeneration server"),
     "regenerate_max_tokens": config_param(RegenerateConfig, "max_tokens", minimum=1, title="Regeneration max tokens"),
     "regenerate_concurrency": config_param(RegenerateConfig, "concurrency", minimum=1, maximum=1024,
                                            title="Regeneration concurrency"),
@@ -184,7 +187,8 @@ def eagle3_train():
     regenerate = RegenerateOperator.partial(
         task_id="regenerate", map_index_template="{{ task.mapped.datasets[0] }}", **common,
         config={"manifest": "{{ params.manifest }}", "out": layout.regenerated(ROOT), "model": "{{ params.model }}",
-                "backend": "{{ params.regenerate_backend }}", "max_tokens": "{{ params.regenerate_max_tokens }}",
+                "backend": "{{ params.regenerate_backend }}", "server": "{{ params.regenerate_server }}",
+                "max_tokens": "{{ params.regenerate_max_tokens }}",
                 "seed": "{{ params.seed }}", "concurrency": "{{ params.regenerate_concurrency }}",
                 "precision": "{{ params.precision }}"},
     ).expand(mapped=to_regenerate)

@@ -36,7 +36,8 @@ DEMO_CONF = {
     "max_new_tokens": 64,
     "steps": 3,
     "evaluate_compare_with": ["vllm"],  # the project decoder and vLLM on the same prompts (README "vLLM")
-    "regenerate_backend": "hf",
+    "regenerate_backend": "openai",
+    "regenerate_server": "vllm",  # each regenerate task serves SmolLM2 in vLLM: 182 vs 58 tok/s of hf here
     "regenerate_max_tokens": 128,
     "regenerate_concurrency": 48,
 }

@@ -122,7 +122,8 @@ class Eagle3StageOperator(BaseOperator):
 
 class RegenerateOperator(Eagle3StageOperator):
     """Regenerate one dataset. With backend ``openai`` the endpoint and key come from the connection
-    ``openai_conn_id`` (host = base URL, password = key), passed to the child's environment only.
+    ``openai_conn_id`` (host = base URL, password = key), passed to the child's environment only;
+    with ``server`` (vllm, sglang) the stage serves the model itself for the task and stops it after.
 
     :param openai_conn_id: the endpoint's connection (used when the rendered backend is ``openai``).
     """
@@ -134,7 +135,7 @@ class RegenerateOperator(Eagle3StageOperator):
 
     def child_env(self, cfg) -> dict[str, str]:
         env = super().child_env(cfg)
-        if cfg.backend == "openai" and not cfg.base_url:
+        if cfg.backend == "openai" and not cfg.base_url and not cfg.server:  # a server of its own: no connection
             from operators.hooks import OpenAIEndpointHook
 
             env.update(OpenAIEndpointHook(self.openai_conn_id).child_env())

@@ -67,8 +67,9 @@ class RegenerateConfig:
     extra_body: dict | None = None
     """openai: extra JSON fields for every request (e.g. OpenRouter ``provider`` routing)."""
     server: str | None = None
-    """Serve ``model`` with this engine for the run and talk to it over the openai path: "sglang" (on
-    leased GPUs) or "vllm"; it is stopped when the run ends, also when the task is killed."""
+    """Serve ``model`` with this engine for the run and talk to it over the openai path (whatever
+    ``backend`` says): "sglang" (on leased GPUs) or "vllm"; it is stopped when the run ends, also when the
+    task is killed."""
     server_tp: int = 1
     """server: tensor-parallel size (GPUs leased for it)."""
     server_port: int | None = None

@@ -239,14 +239,14 @@ def _served(cfg: RegenerateConfig):
 
 
 def run(cfg: RegenerateConfig, api_key: str | None = None) -> dict[str, Any]:
-    if cfg.server:
-        with _served(cfg) as url:
-            return run(dataclasses.replace(cfg, backend="openai", base_url=url, server=None), api_key or "EMPTY")
     """Regenerate the selected datasets; returns ``{"manifest": derived manifest URI, "datasets": {name: stats}}``.
 
     ``api_key`` (openai) overrides the environment variable named by ``cfg.api_key_env``;
     pass it from an Airflow connection. It is never logged or written.
     """
+    if cfg.server:
+        with _served(cfg) as url:
+            return run(dataclasses.replace(cfg, backend="openai", base_url=url, server=None), api_key or "EMPTY")
     specs = _selected(cfg)
     if not specs:
         log.warning("regenerate: no dataset in %s has regenerate: true; nothing to do", cfg.manifest)
