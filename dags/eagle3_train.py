@@ -111,6 +111,8 @@ PARAMS = {
     "online_write_back": config_param(TrainConfig, "write_back", title="Online: write computed samples back"),
     "extract_tokens_per_s": config_param(StatsConfig, "tokens_per_s", exclusiveMinimum=0,
                                          title="Extraction speed estimate"),
+    "train_tokens_per_s": config_param(VerifyConfig, "train_tokens_per_s", exclusiveMinimum=0,
+                                       title="Draft training speed estimate"),
     "extract_shards": config_param(DiscoverConfig, "extract_shards", minimum=1, maximum=1024,
                                    title="Extraction shards"),
     "precision": config_param(ExtractConfig, "precision", enum=list(PRECISIONS), title="Compute precision",
@@ -217,7 +219,8 @@ def eagle3_train():
                 # what this run merged with: a stale merge of another run fails the gate
                 "expect_seed": "{{ params.seed }}", "expect_max_seq_len": "{{ params.max_seq_len }}",
                 "expect_drop": "{{ params.drop }}", "expect_manifest": "{{ params.manifest }}",
-                "training_mode": "{{ params.training_mode }}", "epochs": "{{ params.epochs }}"})
+                "training_mode": "{{ params.training_mode }}", "epochs": "{{ params.epochs }}",
+                "train_tokens_per_s": "{{ params.train_tokens_per_s }}"})
     vocab = Eagle3StageOperator(
         task_id="vocab", stage="vocab", **common,
         config={"merged": RUN.folder("merged"), "out": RUN.folder("vocab"),
