@@ -192,9 +192,39 @@ def _selected(cfg: RegenerateConfig):
     return [s for s in specs if s.regenerate and (not cfg.datasets or s.name in cfg.datasets)]
 
 
+class _ServedBackend:
+    """The openai backend on a server of its own (``cfg.server``), started at the first request and
+    stopped on exit: a re-run whose conversations are all done starts no server (nor leases its GPUs)."""
+
+    def __init__(self, cfg: RegenerateConfig, api_key: str | None):
+        self.cfg, self.api_key = cfg, api_key or "EMPTY"
+        self.stack = contextlib.AsyncExitStack()
+        self.inner = None
+        self.lock = asyncio.Lock()
+
+    attempts = property(lambda self: self.inner.attempts if self.inner else 0)
+    retries = property(lambda self: self.inner.retries if self.inner else 0)
+
+    async def __aenter__(self) -> "_ServedBackend":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stack.aclose()  # the client first, then the server (LIFO)
+
+    async def complete(self, messages, tools) -> Completion:
+        async with self.lock:
+            if self.inner is None:
+                served = _served(self.cfg)
+                url = await asyncio.to_thread(served.__enter__)  # blocks until /health answers
+                self.stack.push(served.__exit__)
+                self.inner = await self.stack.enter_async_context(_make_backend(dataclasses.replace(
+                    self.cfg, backend="openai", base_url=url, server=None), self.api_key))
+        return await self.inner.complete(messages, tools)
+
+
 async def _run_all(cfg: RegenerateConfig, specs, api_key: str | None) -> dict[str, Any]:
     results = {}
-    async with _make_backend(cfg, api_key) as backend:
+    async with (_ServedBackend(cfg, api_key) if cfg.server else _make_backend(cfg, api_key)) as backend:
         for spec in specs:
             results[spec.name] = await _run_dataset(cfg, spec, backend)
     return results
@@ -244,9 +274,8 @@ def run(cfg: RegenerateConfig, api_key: str | None = None) -> dict[str, Any]:
     ``api_key`` (openai) overrides the environment variable named by ``cfg.api_key_env``;
     pass it from an Airflow connection. It is never logged or written.
     """
-    if cfg.server:
-        with _served(cfg) as url:
-            return run(dataclasses.replace(cfg, backend="openai", base_url=url, server=None), api_key or "EMPTY")
+    if cfg.server:  # served over the openai path, whatever backend says (what the records' settings say)
+        cfg = dataclasses.replace(cfg, backend="openai")
     specs = _selected(cfg)
     if not specs:
         log.warning("regenerate: no dataset in %s has regenerate: true; nothing to do", cfg.manifest)

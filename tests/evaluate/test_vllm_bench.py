@@ -219,6 +219,18 @@ def test_regenerate_serves_through_a_vllm_it_starts_and_stops(fake_vllm, tmp_pat
     assert argv[argv.index("--dtype") + 1] == "float32" and "--speculative-config" not in argv
     assert out["datasets"]["chat"]["done"] == 3 and out["datasets"]["chat"]["completion_tokens"] == 24
     assert not any(alive(p) for p in _pids(fake_vllm))
+    # Re-run with every conversation done: the server starts only at the first request, so none starts.
+    again = regenerate(RegenerateConfig(manifest=str(tmp_path / "m.yaml"), out=str(tmp_path / "out"), server="vllm",
+                                        model=tiny_llama_dir, precision="float32", max_tokens=8, concurrency=2))
+    assert len(_starts(fake_vllm)) == 1
+    assert again["datasets"]["chat"]["resumed"] == 3 and again["datasets"]["chat"]["this_run"]["requests"] == 0
+    # One new conversation: the server starts once, for it alone.
+    with open(tmp_path / "chat.jsonl", "a") as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": "q3"}]}) + "\n")
+    more = regenerate(RegenerateConfig(manifest=str(tmp_path / "m.yaml"), out=str(tmp_path / "out"), server="vllm",
+                                       model=tiny_llama_dir, precision="float32", max_tokens=8, concurrency=2))
+    assert len(_starts(fake_vllm)) == 2 and more["datasets"]["chat"]["this_run"]["requests"] == 1
+    assert more["datasets"]["chat"]["done"] == 4 and not any(alive(p) for p in _pids(fake_vllm))
 
 
 def test_compare_with_vllm_sets_both_engines_side_by_side_on_the_headline_set(fake_vllm, tmp_path, tiny_llama_dir,
