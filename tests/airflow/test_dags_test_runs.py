@@ -1,6 +1,6 @@
 """Whole-DAG runs with real `airflow dags test` on a tiny random target:
-OOM retries that resume with an adapted batch, bad input that fails without a
-retry, and a re-run on changed data that redoes only what changed."""
+OOM retries that resume with an adapted batch (offline and online training), bad
+input that fails without a retry, and a re-run on changed data that redoes only what changed."""
 
 from __future__ import annotations
 
@@ -83,3 +83,28 @@ def test_rerun_redoes_only_what_changed(airflow_home, tmp_path, tiny_llama_dir):
     reuse = json.loads((newest_run_dir(root) / "report" / "reuse.json").read_text())
     assert reuse["tokenize"] == {"alpha": "reused", "beta": "tokenized"}, reuse
     assert reuse["extracted_samples"] == 10, reuse
+
+
+def test_online_mode_skips_extract_and_retries_an_oom_in_train(airflow_home, tmp_path, tiny_llama_dir):
+    """training_mode=online through the real DAG: verify records the choice and both costs, extract maps over
+    no shard, train runs the target itself, hits the injected OOM, and resumes with half the batch."""
+    manifest = write_tiny_manifest(tmp_path / "data")
+    root = tmp_path / "artifacts"
+    conf = {**tiny_conf(manifest, tiny_llama_dir, str(root), token_budget=512, extract_shards=1),
+            "training_mode": "online"}
+    proc = dags_test(airflow_home, conf, EAGLE3_INJECT_OOM_ABOVE_TOKENS="300")
+    tis = task_instances(airflow_home)
+    assert tis[("train", -1)] == ("success", 2), (tis, proc.stdout[-3000:])
+    assert tis[("evaluate", -1)][0] == "success", tis
+    assert not [k for k in tis if k[0] == "extract" and tis[k][0] == "success"], tis  # nothing extracted
+    run = newest_run_dir(root)
+    verdict = json.loads((run / "merged" / "verify.json").read_text())["training_mode"]
+    assert verdict["mode"] == "online" and verdict["requested"] == "online", verdict
+    assert verdict["costs"]["online"]["bytes"] == 0 < verdict["costs"]["offline"]["bytes"]
+    assert not (root / "store").exists() or not any((root / "store").rglob("*.safetensors"))
+    state = json.loads((run / "checkpoint" / "latest.json").read_text())
+    train_state = json.loads((run / "checkpoint" / state["dir"] / "train_state.json").read_text())
+    assert train_state["token_budget"] == 256 and train_state["grad_accum"] == 2, train_state
+    metrics = [json.loads(x) for x in (run / "checkpoint" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [m for m in metrics if m.get("event") == "train"]
+    assert steps and all(m["mode"] == "online" and m["online"] for m in steps), steps[:1]
