@@ -200,6 +200,7 @@ class _ServedBackend:
         self.cfg, self.api_key = cfg, api_key or "EMPTY"
         self.stack = contextlib.AsyncExitStack()
         self.inner = None
+        self.error: BaseException | None = None  # a failed start fails every later request, no second start
         self.lock = asyncio.Lock()
 
     attempts = property(lambda self: self.inner.attempts if self.inner else 0)
@@ -213,12 +214,20 @@ class _ServedBackend:
 
     async def complete(self, messages, tools) -> Completion:
         async with self.lock:
+            if self.error is not None:
+                raise self.error
             if self.inner is None:
-                served = _served(self.cfg)
-                url = await asyncio.to_thread(served.__enter__)  # blocks until /health answers
-                self.stack.push(served.__exit__)
-                self.inner = await self.stack.enter_async_context(_make_backend(dataclasses.replace(
-                    self.cfg, backend="openai", base_url=url, server=None), self.api_key))
+                try:
+                    # Started in the loop's own thread, blocking it: every worker waits for the server anyway,
+                    # and a SIGTERM (on_kill) raised while it starts stops it through _served's finally.
+                    served = _served(self.cfg)
+                    url = served.__enter__()
+                    self.stack.push(served.__exit__)
+                    self.inner = await self.stack.enter_async_context(_make_backend(dataclasses.replace(
+                        self.cfg, backend="openai", base_url=url, server=None), self.api_key))
+                except BaseException as e:
+                    self.error = e
+                    raise
         return await self.inner.complete(messages, tools)
 
 

@@ -233,6 +233,26 @@ def test_regenerate_serves_through_a_vllm_it_starts_and_stops(fake_vllm, tmp_pat
     assert more["datasets"]["chat"]["done"] == 4 and not any(alive(p) for p in _pids(fake_vllm))
 
 
+def test_regenerate_on_a_vllm_that_dies_at_start_fails_once_naming_why(fake_vllm, monkeypatch, tmp_path,
+                                                                      tiny_llama_dir):
+    """Four workers wait for one server: when it cannot start, the stage fails with vLLM's words, and no
+    worker starts another."""
+    import yaml
+
+    from eagle3.regenerate import RegenerateConfig, regenerate
+
+    monkeypatch.setenv("FAKE_VLLM_CRASH", "ValueError: unsupported architecture FooForCausalLM")
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]})
+                                                 + "\n" for i in range(6)))
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"datasets": [{"name": "chat", "source": str(tmp_path / "chat.jsonl"),
+                                                                   "format": "messages", "regenerate": True}]}))
+    with pytest.raises(Exception, match="FooForCausalLM"):
+        regenerate(RegenerateConfig(manifest=str(tmp_path / "m.yaml"), out=str(tmp_path / "out"), server="vllm",
+                                    model=tiny_llama_dir, precision="float32", max_tokens=8, concurrency=4))
+    assert len(_starts(fake_vllm)) == 1
+    assert not any(alive(p) for p in _pids(fake_vllm))
+
+
 def test_compare_with_vllm_sets_both_engines_side_by_side_on_the_headline_set(fake_vllm, tmp_path, tiny_llama_dir,
                                                                               make_draft, prompts):
     other = tmp_path / "other.jsonl"

@@ -12,6 +12,7 @@ model.safetensors holds d2t fails with vLLM's own message. Knobs (environment):
     FAKE_VLLM_CHILD       start a child (like vLLM's engine core) and append its pid to that file
     FAKE_VLLM_STARTUP_S   seconds before /health answers 200
     FAKE_VLLM_LOSSY       with speculation, change the 3rd generated token (a broken engine)
+    FAKE_VLLM_CRASH       exit 1 at start with that message (a model vLLM cannot load)
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ if os.environ.get("FAKE_VLLM_CHILD"):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     with open(os.environ["FAKE_VLLM_CHILD"], "a") as f:
         f.write(f"{child.pid}\n")
+if os.environ.get("FAKE_VLLM_CRASH"):
+    print(f"(EngineCore pid=1) ERROR {os.environ['FAKE_VLLM_CRASH']}", flush=True)
+    sys.exit(1)
 
 
 def _safetensors_names(path: str) -> set[str]:
