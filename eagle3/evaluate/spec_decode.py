@@ -219,12 +219,11 @@ def speculative_generate(target: TargetRunner, draft: DraftStepper, prompt_ids: 
     draft.reset()
     # The draft's input at position t is (x_{t+1}, aux_t): the prompt shifted by one, then the root.
     pending_ids, pending_aux = prompt_ids[1:] + [root], aux
-    k = steps
     while not stop:
         seen = len(draft)
         token, hidden = draft.extend(pending_ids, pending_aux)
         drafts = [token]
-        for _ in range(k - 1):
+        for _ in range(steps - 1):
             token, hidden = draft.chain(token, hidden)
             drafts.append(token)
         draft.truncate(seen + len(pending_ids))  # drop the chain rows
@@ -232,14 +231,14 @@ def speculative_generate(target: TargetRunner, draft: DraftStepper, prompt_ids: 
         logits, ver_aux = target.forward([root, *drafts], cache, all_logits=True, aux=True)
         best = logits.argmax(dim=-1).tolist()
         accepted = 0
-        while accepted < k and drafts[accepted] == best[accepted]:
+        while accepted < steps and drafts[accepted] == best[accepted]:
             accepted += 1
         for token in [*drafts[:accepted], best[accepted]]:
             out.append(token)
             stop = _stop_after(token, len(out), max_new_tokens, eos_ids)
             if stop:
                 break
-        records.append(StepRecord(drafted=k, accepted=accepted, emitted=accepted + 1))
+        records.append(StepRecord(drafted=steps, accepted=accepted, emitted=accepted + 1))
         # Keep root + accepted drafts in the target cache; the bonus is the next root.
         crop_cache(cache, verified_from + 1 + accepted)
         pending_ids, pending_aux = [*drafts[:accepted], best[accepted]], ver_aux[: accepted + 1]

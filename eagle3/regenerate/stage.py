@@ -220,11 +220,9 @@ class _ServedBackend:
                 try:
                     # Started in the loop's own thread, blocking it: every worker waits for the server anyway,
                     # and a SIGTERM (on_kill) raised while it starts stops it through _served's finally.
-                    served = _served(self.cfg)
-                    url = served.__enter__()
-                    self.stack.push(served.__exit__)
+                    url = self.stack.enter_context(_served(self.cfg))
                     self.inner = await self.stack.enter_async_context(_make_backend(dataclasses.replace(
-                        self.cfg, backend="openai", base_url=url, server=None), self.api_key))
+                        self.cfg, base_url=url, server=None), self.api_key))
                 except BaseException as e:
                     self.error = e
                     raise
