@@ -59,22 +59,10 @@ RUN = layout.RunLayout(ROOT, DAG_ID, "{{ run_id }}")
 
 def _dataset_assets(manifest: str) -> list[Asset]:
     """One Asset per dataset source of the default manifest, so new data triggers a run."""
-    import yaml
+    from eagle3.datasets.manifest import source_uris
 
-    try:
-        with open(manifest) as f:
-            spec = yaml.safe_load(f) or {}
-    except OSError:
-        return []
-    base = Path(manifest).resolve().parent
-    assets = []
-    for ds in spec.get("datasets") or []:
-        src = str(ds.get("source", ""))
-        if not src:
-            continue
-        uri = src if "://" in src else f"file://{(base / src).resolve()}"
-        assets.append(Asset(uri=uri, name=f"eagle3-dataset-{ds.get('name')}", group="eagle3-datasets"))
-    return assets
+    return [Asset(uri=uri, name=f"eagle3-dataset-{name}", group="eagle3-datasets")
+            for name, uri in source_uris(manifest)]
 
 
 _assets = _dataset_assets(DEFAULT_MANIFEST)

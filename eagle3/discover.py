@@ -34,7 +34,7 @@ class DiscoverConfig:
 def discover(cfg: DiscoverConfig) -> dict:
     """The mapped tasks' Config fields: {"regenerate": [{"datasets": [name]}], "tokenize": [{"dataset",
     "source_override"}], "extract": [{"shard": "i/n"}]}."""
-    from eagle3.tokenize.manifest import load_manifest
+    from eagle3.datasets.manifest import load_manifest
 
     regenerate, tokenize = [], []
     for ds in load_manifest(cfg.manifest):

@@ -59,7 +59,7 @@ class MergeConfig:
             return self
         import dataclasses
 
-        from eagle3.tokenize.manifest import load_manifest
+        from eagle3.datasets.manifest import load_manifest
 
         specs = load_manifest(self.manifest, check_sources=False)
         return dataclasses.replace(self, datasets=self.datasets or tuple(d.name for d in specs),

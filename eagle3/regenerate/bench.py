@@ -27,7 +27,7 @@ from eagle3.regenerate.stage import RegenerateConfig, regenerate
 
 
 def _subset_manifest(manifest: str, dataset: str, samples: int, out: str) -> str:
-    from eagle3.tokenize.manifest import load_manifest
+    from eagle3.datasets.manifest import load_manifest
 
     spec = next(s for s in load_manifest(manifest) if s.name == dataset)
     entry = {"name": dataset, "source": spec.source, "format": spec.format, "max_samples": samples,

@@ -145,7 +145,7 @@ def write_derived_manifest(manifest: str, out: str, replaced: dict[str, str]) ->
     """
     import yaml
 
-    from eagle3.tokenize.manifest import load_manifest
+    from eagle3.datasets.manifest import load_manifest
 
     entries = []
     for spec in load_manifest(manifest, check_sources=False):

@@ -179,7 +179,7 @@ def _stats(cfg, spec, records, total, resumed, bad, failed, meter, backend, wall
 
 
 def _selected(cfg: RegenerateConfig):
-    from eagle3.tokenize.manifest import load_manifest
+    from eagle3.datasets.manifest import load_manifest
 
     specs = load_manifest(cfg.manifest)
     by_name = {s.name: s for s in specs}

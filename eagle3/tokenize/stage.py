@@ -26,10 +26,10 @@ from eagle3 import storage, target
 from eagle3.background import BackgroundWriter
 from eagle3.errors import GpuOutOfMemory, InputError
 from eagle3.progress import Progress
-from eagle3.tokenize import readers
+from eagle3.datasets import readers
 from eagle3.tokenize.config import TokenizeConfig
 from eagle3.tokenize.chat_mask import Batch, ChatMasker, TemplateError, ramp_chunk_sizes
-from eagle3.tokenize.manifest import FORMATS, check_name, load_manifest, source_extension
+from eagle3.datasets.manifest import FORMATS, check_name, load_manifest, source_extension
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class DatasetConfig:
 
     @classmethod
     def for_dataset(cls, spec, tokenizer: str, out: str, **settings: Any) -> "DatasetConfig":
-        """Config for a manifest entry (``eagle3.tokenize.manifest.DatasetSpec``)."""
+        """Config for a manifest entry (``eagle3.datasets.manifest.DatasetSpec``)."""
         return cls(name=spec.name, source=spec.source, format=spec.format, category=spec.category,
                    max_samples=spec.max_samples, tokenizer=tokenizer, out=out, **settings)
 

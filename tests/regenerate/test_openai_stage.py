@@ -140,7 +140,7 @@ def test_parquet_source_and_output_read_by_tokenize(tmp_path, fake_server):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from eagle3.tokenize.readers import Conversation, read_records
+    from eagle3.datasets.readers import Conversation, read_records
 
     server = fake_server("--reasoning")
     rows = [{"messages": json.dumps(c["messages"])} for c in conversations(3, turns=1)]  # JSON strings

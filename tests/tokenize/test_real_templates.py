@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 from eagle3.errors import InputError
 from eagle3.tokenize.chat_mask import ChatMasker, TemplateError
-from eagle3.tokenize.readers import parse_conversation
+from eagle3.datasets.readers import parse_conversation
 
 WORDS = "alpha beta gamma delta value sum list file data model token loss 12 7 42 3.5 ( ) , . ? ! ok".split()
 

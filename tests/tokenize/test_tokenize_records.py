@@ -1,4 +1,4 @@
-"""One record's checks (eagle3/tokenize/records.py): wrong JSON types, deep nesting and lone
+"""One record's checks (eagle3/datasets/records.py): wrong JSON types, deep nesting and lone
 surrogates are rejects with a reason, never a traceback. Roles of the wrong type (TypeError),
 nesting past json.loads' limit (RecursionError) and lone surrogates (the tokenizer's TypeError,
 which lost the whole dataset) were crashers before these checks."""
@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from eagle3.tokenize import records
-from eagle3.tokenize.describe import describe
-from eagle3.tokenize.records import Reject, parse_conversation, parse_json_line
+from eagle3.datasets import records
+from eagle3.datasets.describe import describe
+from eagle3.datasets.records import Reject, parse_conversation, parse_json_line
 
 U = {"role": "user", "content": "q"}
 A = {"role": "assistant", "content": "a"}

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3.errors import InputError
-from eagle3.tokenize import readers, records
-from eagle3.tokenize.readers import Conversation, Rejected, TokenRecord, read_records
+from eagle3.datasets import readers, records
+from eagle3.datasets.readers import Conversation, Rejected, TokenRecord, read_records
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 

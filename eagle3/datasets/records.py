@@ -1,5 +1,11 @@
 """One parsed input record -> a ``Conversation`` or ``TokenRecord``, or a ``Reject`` with a reason.
 
+The one owner of what a dataset record may hold: the formats' keys, the role names and
+their aliases, the reasoning keys, tools and tool calls, content parts. Every stage that
+reads a dataset (tokenize, regenerate) parses its records here, so a record is accepted
+or refused the same way everywhere; a stage adds only its own rule on top (tokenize: an
+assistant turn to learn from; regenerate: a user turn to answer).
+
 ``readers`` turns files into records and calls these. Every value is type-checked
 before it is used, and every parse or decode failure of a record is a Reject: no
 record can raise anything else. What the chat template and the Rust tokenizer
@@ -18,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from eagle3.tokenize.describe import describe
+from eagle3.datasets.describe import describe
 
 # Reasons are short and fixed so rejects can be counted; ``detail`` says the rest.
 MALFORMED_JSON = "malformed JSON"
@@ -46,12 +52,14 @@ MAX_DEPTH = 100
 JSON-schema tools perhaps 20; json.loads raises RecursionError near 1,000, and the
 template and json.dumps recurse again on what it returns, so deeper input is refused."""
 
-# Input role names -> the roles chat templates know.
+# Input role names -> the roles chat templates know. ShareGPT speakers are matched in any case ("Human").
 MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                  "tool": "tool", "function": "tool"}
-SHAREGPT_ROLES = {**MESSAGE_ROLES, "human": "user", "gpt": "assistant", "chatgpt": "assistant",
-                  "observation": "tool", "function_response": "tool", "function_call": "function_call"}
-_REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+SHAREGPT_ROLES = {**MESSAGE_ROLES, "human": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
+                  "bard": "assistant", "observation": "tool", "function_response": "tool",
+                  "function_call": "function_call"}
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+"""Keys of an assistant message that may hold its reasoning, first match wins; all become ``reasoning_content``."""
 
 
 @dataclass
@@ -93,7 +101,7 @@ def _loads(text: str, reason: str, what: str) -> Any:
     except RecursionError:
         raise Reject(TOO_DEEP, f"{what} nests deeper than the JSON parser allows") from None
     except ValueError as e:  # JSONDecodeError, and ints over Python's 4,300-digit limit
-        raise Reject(reason, f"{what}: {str(e)[:200]}") from None
+        raise Reject(reason, f"{what} is not valid JSON: {str(e)[:200]}") from None
 
 
 def _check_text(text: str, where: str) -> None:
@@ -218,14 +226,20 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def _message(raw: Any, i: int, roles: dict[str, str]) -> dict[str, Any]:
+def _role(raw: dict, where: str, fmt: str) -> str:
+    role = raw.get("role", raw.get("from"))
+    roles = MESSAGE_ROLES if fmt == "messages" else SHAREGPT_ROLES
+    mapped = roles.get(role if fmt == "messages" else role.lower()) if isinstance(role, str) else None
+    if mapped is None:
+        raise Reject(UNKNOWN_ROLE, f"{where}.role must be one of {', '.join(sorted(roles))}, got {describe(role)}")
+    return mapped
+
+
+def _message(raw: Any, i: int, fmt: str) -> dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(raw, dict):
         raise Reject(NOT_OBJECT, f"{where} is not an object")
-    role = raw.get("role", raw.get("from"))
-    if not isinstance(role, str) or role not in roles:
-        raise Reject(UNKNOWN_ROLE, f"{where}: role {describe(role)}; valid roles: {', '.join(sorted(roles))}")
-    role = roles[role]
+    role = _role(raw, where, fmt)
     content = _text(raw.get("content", raw.get("value")), where)
     msg: dict[str, Any] = {"role": role, "content": content}
     if role == "function_call":  # ShareGPT: the value is the call's JSON
@@ -238,7 +252,7 @@ def _message(raw: Any, i: int, roles: dict[str, str]) -> dict[str, Any]:
             raise Reject(BAD_CONTENT, f"{where}.reasoning_content must be a string, got "
                                       f"{describe(raw['reasoning_content'])}")
         # The other names are taken only when they hold text: other schemas use them for flags or settings.
-        reasoning = next((raw[k] for k in _REASONING_KEYS if isinstance(raw.get(k), str) and raw[k].strip()), None)
+        reasoning = next((raw[k] for k in REASONING_KEYS if isinstance(raw.get(k), str) and raw[k].strip()), None)
         if reasoning is not None:
             msg["reasoning_content"] = reasoning
     if role == "tool":
@@ -254,7 +268,16 @@ def _message(raw: Any, i: int, roles: dict[str, str]) -> dict[str, Any]:
 
 
 def parse_conversation(obj: Any, fmt: str, line: int) -> Conversation:
-    """Validate one ``messages``/``sharegpt`` record (raises Reject)."""
+    """Validate one ``messages``/``sharegpt`` record as training data: it needs an assistant turn
+    to learn from (raises Reject)."""
+    conv = parse_messages(obj, fmt, line)
+    if not any(m["role"] == "assistant" for m in conv.messages):
+        raise Reject(NO_ASSISTANT, "nothing to learn: no assistant turn")
+    return conv
+
+
+def parse_messages(obj: Any, fmt: str, line: int) -> Conversation:
+    """Validate one ``messages``/``sharegpt`` record: the checks every stage shares (raises Reject)."""
     if not isinstance(obj, dict):
         raise Reject(NOT_OBJECT, f"got {type(obj).__name__}")
     key = "messages" if fmt == "messages" else ("conversations" if "conversations" in obj else "messages")
@@ -263,10 +286,7 @@ def parse_conversation(obj: Any, fmt: str, line: int) -> Conversation:
         raw = _loads(raw, MALFORMED_JSON, f"{key} (a string holding JSON)")
     if not isinstance(raw, list) or not raw:
         raise Reject(NO_MESSAGES, f"key {key!r} missing or empty")
-    roles = MESSAGE_ROLES if fmt == "messages" else SHAREGPT_ROLES
-    messages = [_message(_drop_none(m), i, roles) for i, m in enumerate(raw)]
-    if not any(m["role"] == "assistant" for m in messages):
-        raise Reject(NO_ASSISTANT, "nothing to learn: no assistant turn")
+    messages = [_message(_drop_none(m), i, fmt) for i, m in enumerate(raw)]
     tools = obj.get("tools")
     if isinstance(tools, str):
         tools = _loads(tools, BAD_TOOLS, "tools (a string holding JSON)")

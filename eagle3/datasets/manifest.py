@@ -9,6 +9,9 @@
         drop: false                 # optional: left out at merge
         regenerate: false           # optional: regenerate assistant turns first
 
+The one owner of the manifest: every stage (discover, regenerate, tokenize, merge) and the
+DAG's Asset list (``source_uris``) read it here, with one rule for relative sources.
+
 ``load_manifest(path)`` validates everything it can without reading the data:
 unknown keys, bad or duplicate names, names that would escape the output folder,
 unknown formats and file types, and local sources that are missing or empty.
@@ -20,6 +23,7 @@ value exponentially large), and YAML nested too deep for the parser is an InputE
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import posixpath
 import re
@@ -28,7 +32,9 @@ from typing import Any
 
 from eagle3 import storage
 from eagle3.errors import InputError
-from eagle3.tokenize.describe import describe
+from eagle3.datasets.describe import describe
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("messages", "sharegpt", "tokenized")
 EXTENSIONS = (".jsonl", ".jsonl.gz", ".parquet")
@@ -192,3 +198,19 @@ def load_manifest(path: str, check_sources: bool = True) -> list[DatasetSpec]:
     except IsADirectoryError:
         raise InputError(f"manifest {path} is a folder; give the YAML file inside it") from None
     return parse_manifest(text, path, check_sources)
+
+
+def source_uris(path: str) -> list[tuple[str, str]]:
+    """(name, URI) of each dataset source of the local manifest at ``path``: what the DAG's Asset list
+    watches. Light enough for DAG parse time: it reads only the YAML (no source is checked, nothing is
+    fetched), and a manifest that is on S3, missing or invalid gives [] (the discover task then says what
+    is wrong). A local source is a ``file://`` URI of the path every stage reads."""
+    path = str(path)
+    if storage.is_s3(path) or not os.path.isfile(path):
+        return []
+    try:
+        specs = load_manifest(path, check_sources=False)
+    except InputError as e:
+        log.warning("no dataset Assets: %s", e)
+        return []
+    return [(s.name, s.source if storage.is_s3(s.source) else f"file://{s.source}") for s in specs]

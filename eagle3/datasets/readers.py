@@ -1,5 +1,8 @@
 """Read dataset files into conversations or token records; refuse bad lines with a reason.
 
+The one file reader of every stage that reads a dataset (tokenize through ``read_records``,
+regenerate through ``read_objects`` plus its own rules).
+
 Formats (see docs/CONTRACTS.md): ``messages`` (OpenAI style), ``sharegpt``
 (``conversations`` with ``from``/``value`` or ``role``/``content``) and
 ``tokenized`` (``input_ids`` + ``loss_mask``), each from .jsonl, .jsonl.gz or
@@ -21,10 +24,11 @@ from typing import Any, Iterator
 import numpy as np
 
 from eagle3.errors import InputError
-from eagle3.tokenize.records import (INVALID_UTF8, Conversation, Reject, Rejected, TokenRecord, check_tokens,
+from eagle3.datasets.records import (INVALID_UTF8, Conversation, Reject, Rejected, TokenRecord, check_tokens,
                                      parse_conversation, parse_json_line, parse_tokens)
 
-__all__ = ["Conversation", "Rejected", "TokenRecord", "count_records", "parse_conversation", "read_records"]
+__all__ = ["Conversation", "Rejected", "TokenRecord", "count_records", "parse_conversation", "read_objects",
+           "read_records"]
 
 
 class _FastTokens:
@@ -183,11 +187,14 @@ def count_records(path: str, display: str | None = None) -> int:
     return max(n, 1)
 
 
-def read_records(path: str, fmt: str, display: str | None = None,
-                 vocab_size: int | None = None) -> Iterator[Conversation | TokenRecord | Rejected]:
-    """Yield one item per record of the local file ``path`` (``display`` names it in errors).
+def read_objects(path: str, fmt: str, display: str | None = None,
+                 vocab_size: int | None = None) -> Iterator[tuple[int, Any]]:
+    """(1-based line, record) for each record of the local file ``path``, in file order (``display``
+    names it in errors). A record is the parsed JSON object or Parquet row, a ``Reject`` when the line
+    is not JSON, or (``tokenized`` JSONL lines on the fast path) a checked ``TokenRecord``/``Reject``.
 
-    Raises InputError for a missing or empty file, or one that holds no record.
+    Raises InputError for a missing or empty file, one that cannot be read to its end, or one that
+    holds no record.
     """
     display = display or path
     if not os.path.isfile(path):
@@ -203,6 +210,19 @@ def read_records(path: str, fmt: str, display: str | None = None,
     seen = 0
     for line, obj in objects:
         seen += 1
+        yield line, obj
+    if seen == 0:
+        raise InputError("file holds no records (only blank lines or no rows)", file=display)
+
+
+def read_records(path: str, fmt: str, display: str | None = None,
+                 vocab_size: int | None = None) -> Iterator[Conversation | TokenRecord | Rejected]:
+    """Yield one item per record of the local file ``path`` (``display`` names it in errors): a
+    Conversation with an assistant turn (``parse_conversation``), a TokenRecord, or a Rejected.
+
+    Raises InputError as ``read_objects`` does.
+    """
+    for line, obj in read_objects(path, fmt, display, vocab_size):
         try:
             if isinstance(obj, Reject):
                 raise obj
@@ -215,5 +235,3 @@ def read_records(path: str, fmt: str, display: str | None = None,
         except Reject as r:
             # A detail may quote the input, lone surrogates included; rejects.jsonl is written as UTF-8.
             yield Rejected(line, r.reason, r.detail.encode("utf-8", "backslashreplace").decode("utf-8"))
-    if seen == 0:
-        raise InputError("file holds no records (only blank lines or no rows)", file=display)
