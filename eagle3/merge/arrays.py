@@ -1,5 +1,5 @@
 """Column-level pieces of the merge: reading prepared Parquet in record batches,
-truncating list columns with numpy, content ids and the seeded shuffle order.
+truncating list columns with numpy, content ids (``eagle3.datasets.samples``) and the seeded shuffle order.
 
 Shared by `eagle3.merge` (which writes) and `eagle3.verify` (which re-derives
 the shuffle). pyarrow is imported inside functions so `eagle3 --help` stays fast.
@@ -7,12 +7,12 @@ the shuffle). pyarrow is imported inside functions so `eagle3 --help` stays fast
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from eagle3 import storage
+from eagle3.datasets.samples import content_id, tokenized_schema
 from eagle3.errors import InputError
 
 DROP_NO_LOSS = "no_loss_tokens"  # the source sample had no assistant token at all
@@ -23,18 +23,7 @@ REQUIRED = ("id", "input_ids", "loss_mask")
 
 def output_schema():
     """train.parquet columns: the tokenized columns plus `source_id` (the row's id in its prepared file)."""
-    import pyarrow as pa
-
-    return pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8())),
-                      ("num_tokens", pa.int32()), ("num_loss_tokens", pa.int32()), ("source", pa.string()),
-                      ("source_id", pa.string())])
-
-
-def content_id(ids: np.ndarray, mask: np.ndarray) -> str:
-    """sha256[:32] of the int32 little-endian ids bytes followed by the uint8 mask bytes (CONTRACTS.md)."""
-    h = hashlib.sha256(np.ascontiguousarray(ids, dtype="<i4").tobytes())
-    h.update(np.ascontiguousarray(mask, dtype=np.uint8).tobytes())
-    return h.hexdigest()[:32]
+    return tokenized_schema("source_id")
 
 
 _MASK64 = (1 << 64) - 1

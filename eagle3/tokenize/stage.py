@@ -24,12 +24,13 @@ import numpy as np
 
 from eagle3 import storage, target
 from eagle3.background import BackgroundWriter
+from eagle3.datasets import readers
+from eagle3.datasets.manifest import FORMATS, check_name, load_manifest, source_extension
+from eagle3.datasets.samples import content_id, tokenized_schema
 from eagle3.errors import GpuOutOfMemory, InputError
 from eagle3.progress import Progress
-from eagle3.datasets import readers
-from eagle3.tokenize.config import TokenizeConfig
 from eagle3.tokenize.chat_mask import Batch, ChatMasker, TemplateError, ramp_chunk_sizes
-from eagle3.datasets.manifest import FORMATS, check_name, load_manifest, source_extension
+from eagle3.tokenize.config import TokenizeConfig
 
 log = logging.getLogger(__name__)
 
@@ -132,13 +133,6 @@ def fingerprint_inputs(cfg: DatasetConfig, input_sha256: str, tok_dir: str) -> d
     }
 
 
-def sample_id(ids: np.ndarray, mask: np.ndarray) -> str:
-    """Content hash: sha256[:32] over the int32 ids bytes then the uint8 mask bytes (little-endian)."""
-    h = hashlib.sha256(np.ascontiguousarray(ids, dtype="<i4").tobytes())
-    h.update(np.ascontiguousarray(mask, dtype="u1").tobytes())
-    return h.hexdigest()[:32]
-
-
 class _ParquetOut:
     """Streams batches into tokenized.parquet (one row group per batch)."""
 
@@ -147,9 +141,7 @@ class _ParquetOut:
         import pyarrow.parquet as pq
 
         self.pa, self.source = pa, source
-        self.schema = pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())),
-                                 ("loss_mask", pa.list_(pa.uint8())), ("num_tokens", pa.int32()),
-                                 ("num_loss_tokens", pa.int32()), ("source", pa.string())])
+        self.schema = tokenized_schema()
         # Dictionary pages only for the repeated `source`: on token-id lists they cost write and read time.
         self.writer = pq.ParquetWriter(path, self.schema, compression="zstd", use_dictionary=["source"])
         self.samples = self.tokens = self.loss_tokens = 0
@@ -161,7 +153,7 @@ class _ParquetOut:
             return
         lengths = np.diff(off).astype(np.int32)
         loss = np.add.reduceat(batch.loss_mask.astype(np.int32), off[:-1]) if len(batch.loss_mask) else lengths
-        ids = [sample_id(batch.input_ids[off[k]:off[k + 1]], batch.loss_mask[off[k]:off[k + 1]]) for k in range(n)]
+        ids = [content_id(batch.input_ids[off[k]:off[k + 1]], batch.loss_mask[off[k]:off[k + 1]]) for k in range(n)]
         offsets = pa.array(off.astype(np.int32))
         table = pa.Table.from_arrays([
             pa.array(ids, pa.string()),

@@ -12,9 +12,10 @@ import pytest
 
 from eagle3 import storage
 from eagle3.cli import main as cli_main
+from eagle3.datasets.samples import content_id
 from eagle3.errors import InputError
 from eagle3.merge import MergeConfig, merge
-from eagle3.merge.arrays import DROP_DUPLICATE, DROP_NO_LOSS, DROP_TRUNCATED_NO_LOSS, content_id
+from eagle3.merge.arrays import DROP_DUPLICATE, DROP_NO_LOSS, DROP_TRUNCATED_NO_LOSS
 from tests.merge.prepared_factory import random_rows, write_prepared
 
 
