@@ -112,7 +112,8 @@ def compute_stats(cfg: StatsConfig, write: bool = True) -> dict[str, Any]:
     df["sample_share"] = df["samples"] / max(int(df["samples"].sum()), 1)
     df["token_share"] = df["tokens"] / max(int(df["tokens"].sum()), 1)
     bpt = storage_options.bytes_per_token(cfg.storage, hidden_size)
-    df["extract_bytes"] = df["tokens_after_cap"] * bpt
+    # A dataset's share of the store (its tokens and their offsets); the total is the store's, priced as the gate does.
+    df["extract_bytes"] = storage_options.stored_bytes(bpt, df["tokens_after_cap"], df["samples"], shards=0)
     df["extract_hours"] = df["tokens_after_cap"] / tokens_per_s / 3600
     df["flagged"] = (df["token_share"] >= flag_ratio * df["sample_share"]) & (df["token_share"] >= flag_min_token_share)
     flags = [{
@@ -131,7 +132,8 @@ def compute_stats(cfg: StatsConfig, write: bool = True) -> dict[str, Any]:
         "flag_rule": {"ratio": flag_ratio, "min_token_share": flag_min_token_share},
         "datasets": json.loads(df.to_json(orient="records")),
         "totals": {"samples": int(df["samples"].sum()), "tokens": int(df["tokens"].sum()),
-                   "loss_tokens": int(df["loss_tokens"].sum()), "extract_bytes": int(df["extract_bytes"].sum()),
+                   "loss_tokens": int(df["loss_tokens"].sum()), "extract_bytes": storage_options.stored_bytes(
+                       bpt, int(df["tokens_after_cap"].sum()), int(df["samples"].sum())),
                    "extract_hours": float(df["extract_hours"].sum())},
         "flags": flags,
     }

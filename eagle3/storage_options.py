@@ -103,10 +103,16 @@ def bytes_per_token(name: str, hidden_size: int) -> int:
     return option(name).bytes_per_token(hidden_size)
 
 
+def stored_bytes(per_token: int, tokens: int, samples: int, shards: int = 1) -> int:
+    """The extraction cost formula: tensor bytes of ``tokens`` tokens in ``samples`` samples and ``shards``
+    shards at ``per_token`` bytes a token (safetensors headers and index files not counted). Stats, the
+    verify gate and extract all price a store with it. ``shards=0`` prices one dataset's share of a store."""
+    return tokens * per_token + OFFSET_BYTES * (samples + shards)
+
+
 def store_bytes(name: str, hidden_size: int, tokens: int, samples: int, shards: int = 1) -> int:
-    """Tensor bytes a store of ``tokens`` tokens in ``samples`` samples and ``shards`` shards holds
-    (safetensors headers and index files not counted)."""
-    return tokens * bytes_per_token(name, hidden_size) + OFFSET_BYTES * (samples + shards)
+    """``stored_bytes`` for storage option ``name`` and hidden size H."""
+    return stored_bytes(bytes_per_token(name, hidden_size), tokens, samples, shards)
 
 
 REFERENCE_HIDDEN_SIZE = 7168

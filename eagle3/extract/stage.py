@@ -228,7 +228,7 @@ def _estimate(cfg: ExtractConfig, tokens: int, samples: int, bpt: int, measured_
     """Hours and bytes for the whole task, logged before the bulk of the work (the seed's
     72 h / 924 GB would have shown up here)."""
     tok_s = cfg.tokens_per_s or measured_tok_s
-    est = {"tokens": tokens, "bytes": tokens * bpt + 8 * (samples + 1), "tokens_per_s": round(tok_s, 1),
+    est = {"tokens": tokens, "bytes": storage_options.stored_bytes(bpt, tokens, samples), "tokens_per_s": round(tok_s, 1),
            "hours": round(tokens / tok_s / 3600, 3) if tok_s else None,
            "tokens_per_s_source": "parameter" if cfg.tokens_per_s else "first batch"}
     log.info("extract estimate: %d tokens x %d bytes/token = %.2f GB; at %.0f tok/s (%s) about %.2f h",

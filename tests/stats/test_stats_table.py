@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3 import storage
+from eagle3 import storage, storage_options
 from eagle3.cli import main
 from eagle3.errors import InputError
 from eagle3.stats import StatsConfig, compute_stats, format_table, stats
@@ -57,7 +57,8 @@ def test_numbers_shares_and_flag(prep):
     assert a1["token_share"] == pytest.approx(7100 / total_tokens)
     assert [f["dataset"] for f in result["flags"]] == ["a1"]
     flag = result["flags"][0]
-    assert flag["extract_bytes"] == (6 * 400 + 4096) * (8 * 7168 + 5)  # truncated at max_seq_len
+    # truncated at max_seq_len; plus one int64 offset per sample (storage_options.stored_bytes)
+    assert flag["extract_bytes"] == (6 * 400 + 4096) * (8 * 7168 + 5) + 8 * 7
     assert flag["extract_hours"] == pytest.approx((6 * 400 + 4096) / 10_000 / 3600)
     assert "6.9% of samples but 32.0% of tokens" in flag["message"]
     assert rows["d"]["token_share"] >= 2 * rows["d"]["sample_share"] and not rows["d"]["flagged"]
@@ -69,7 +70,11 @@ def test_the_storage_option_prices_the_extraction(prep):
     for option, per_token in (("bf16", 8 * h + 5), ("fp8", 4 * h + 8 + 5), ("fp8-topk", 3 * h + 102 + 5)):
         result = compute_stats(StatsConfig(str(prep), max_seq_len=4096, hidden_size=h, storage=option), write=False)
         assert result["bytes_per_token"] == per_token
-        assert result["flags"][0]["extract_bytes"] == (6 * 400 + 4096) * per_token
+        assert result["flags"][0]["extract_bytes"] == (6 * 400 + 4096) * per_token + 8 * 7
+        # The total is what the verify gate and extract estimate for the same tokens and samples.
+        tokens = sum(min(n, 4096) for n in [400] * 6 + [4700]) + 50 * 160 + (700 * 8 + 480) + 1000
+        gate = storage_options.extraction_estimate(option, h, tokens, 102)
+        assert result["totals"]["extract_bytes"] == gate["bytes"] == tokens * per_token + 8 * (102 + 1)
 
 
 def test_files_and_table(prep):
