@@ -222,9 +222,7 @@ def check_draft(draft_dir: str) -> None:
         uri = storage.join(draft_dir, name)
         if not storage.exists(uri):
             raise InputError(f"missing, but listed in {CHECKSUMS}; {repair}", file=uri)
-        if (got := storage.sha256_file(storage.local_path(uri))) != want:
-            raise InputError(f"sha256 {got} differs from {CHECKSUMS}'s {want}: the file changed or was damaged "
-                             f"after export; {repair}", file=uri)
+        storage.check_sha256(uri, want, repair, recorded_in=CHECKSUMS)
 
 
 def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):

@@ -109,6 +109,32 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def sha256_problem(uri: str | os.PathLike, expected: str | None, recorded_in: str = "the recorded checksum",
+                   *, digest: str | None = None) -> str | None:
+    """What is wrong with the file at ``uri`` against the sha256 ``expected`` that ``recorded_in`` (e.g.
+    "stats.json") holds: ``"sha256 <got> differs from stats.json's <expected>"``, or None when it matches or
+    nothing is expected (a file written before its checksum was recorded). ``digest``: the file's sha256
+    when the caller already computed it."""
+    if not expected:
+        return None
+    got = digest or sha256_file(local_path(uri))
+    return None if got == expected else f"sha256 {got} differs from {recorded_in}'s {expected}"
+
+
+def check_sha256(uri: str | os.PathLike, expected: str | None, repair_hint: str,
+                 recorded_in: str = "the recorded checksum") -> str:
+    """The local path of ``uri`` after checking its sha256 against ``expected`` (see ``sha256_problem``);
+    an InputError naming the file, both digests and ``repair_hint`` when they differ."""
+    from eagle3.errors import InputError
+
+    local = local_path(uri)
+    problem = sha256_problem(local, expected, recorded_in)
+    if problem:
+        raise InputError(f"{problem}: the file changed or was damaged after it was written; {repair_hint}",
+                         file=str(uri))
+    return local
+
+
 def exists(uri: str | os.PathLike) -> bool:
     uri = str(uri)
     if not is_s3(uri):
@@ -297,11 +323,8 @@ def atomic_dir(uri: str | os.PathLike) -> Iterator[Path]:
     """
     uri = str(uri)
     if is_s3(uri):
-        with tempfile.TemporaryDirectory(prefix="eagle3-upload-") as tmp:
-            yield Path(tmp)
-            for p in sorted(Path(tmp).rglob("*")):
-                if p.is_file():
-                    _upload(p, join(uri, str(p.relative_to(tmp))))
+        with _uploaded_dir(uri, "eagle3-upload-") as tmp:
+            yield tmp
         return
     dest = Path(uri)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -351,6 +374,17 @@ def _upload(local_path: str | os.PathLike, uri: str) -> None:
     bucket, key = split_s3(uri)
     cfg = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD)
     _client().upload_file(str(local_path), bucket, key, Config=cfg)
+
+
+@contextlib.contextmanager
+def _uploaded_dir(uri: str, prefix: str) -> Iterator[Path]:
+    """A temporary local folder whose files are uploaded under the S3 prefix ``uri`` (each atomically) when the
+    block ends without error."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
+        for p in sorted(Path(tmp).rglob("*")):
+            if p.is_file():
+                _upload(p, join(uri, str(p.relative_to(tmp))))
 
 
 def put_file(local_path: str | os.PathLike, uri: str | os.PathLike) -> str:
@@ -466,11 +500,8 @@ def staged_dir(uri: str | os.PathLike) -> Iterator[Path]:
         Path(uri).mkdir(parents=True, exist_ok=True)
         yield Path(uri)
         return
-    with tempfile.TemporaryDirectory(prefix="eagle3-stage-") as tmp:
-        yield Path(tmp)
-        for p in sorted(Path(tmp).rglob("*")):
-            if p.is_file():
-                put_file(p, join(uri, str(p.relative_to(tmp))))
+    with _uploaded_dir(uri, "eagle3-stage-") as tmp:
+        yield tmp
 
 
 def local_dir(uri: str | os.PathLike) -> str:

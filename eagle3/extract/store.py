@@ -354,8 +354,8 @@ def corrupted_shards(uri: str, entries: dict, names=None, *, use_marks: bool = F
         if marks is None or not marks.holds(shard, path, entries[shard]["sha256"]):
             todo.append((shard, path))
     for (shard, path), digest in zip(todo, _hash_files([p for _, p in todo])):
-        if digest != entries[shard]["sha256"]:
-            bad[shard] = f"sha256 {digest} != index {entries[shard]['sha256']}"
+        if problem := st.sha256_problem(path, entries[shard]["sha256"], "the index", digest=digest):
+            bad[shard] = problem
         elif marks is not None:
             marks.add(shard, path, digest)
     if marks is not None:

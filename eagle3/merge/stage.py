@@ -238,12 +238,9 @@ def checked_train_parquet(merged: str) -> str:
     path = merged if merged.endswith(".parquet") else storage.join(merged, "train.parquet")
     folder = path.rsplit("/", 1)[0] if storage.is_s3(path) else os.path.dirname(path)
     man_uri = storage.join(folder, "manifest.json")
-    local = storage.local_path(path)
     want = (storage.read_json(man_uri).get("checksums") or {}).get("train.parquet") if storage.exists(man_uri) else None
-    if want and (got := storage.sha256_file(local)) != want:
-        raise InputError(f"sha256 {got} differs from manifest.json's {want}: the file changed or was damaged after "
-                         f"merge wrote it; re-run `eagle3 merge --out {folder}` (and the verify gate)", file=path)
-    return local
+    return storage.check_sha256(path, want, f"re-run `eagle3 merge --out {folder}` (and the verify gate)",
+                                recorded_in="manifest.json")
 
 
 def _remove(*paths: str) -> None:

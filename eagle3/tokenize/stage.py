@@ -264,13 +264,9 @@ def check_tokenized(out_dir: str, stats: dict | None = None) -> str:
     if stats is None:
         stats_uri = storage.join(out_dir, "stats.json")
         stats = storage.read_json(stats_uri) if storage.exists(stats_uri) else {}
-    local = storage.local_path(path)
-    want = stats.get("tokenized_sha256")
-    if want and (got := storage.sha256_file(local)) != want:
-        raise InputError(f"sha256 {got} differs from stats.json's {want}: the file changed or was damaged after "
-                         f"tokenize wrote it; re-run `eagle3 tokenize` for dataset {stats.get('dataset')!r} "
-                         "(it re-tokenizes a dataset whose file fails its checksum)", file=path)
-    return local
+    return storage.check_sha256(path, stats.get("tokenized_sha256"),
+                                f"re-run `eagle3 tokenize` for dataset {stats.get('dataset')!r} (it re-tokenizes a "
+                                "dataset whose file fails its checksum)", recorded_in="stats.json")
 
 
 def _intact(out_dir: str, stats_uri: str) -> bool:

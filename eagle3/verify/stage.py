@@ -254,7 +254,7 @@ def run(cfg: VerifyConfig) -> dict:
     man = storage.read_json(man_uri)
     checks = []
     bad_sums = [f for f, s in man.get("checksums", {}).items()
-                if storage.sha256_file(storage.local_path(storage.join(cfg.merged, f))) != s]
+                if storage.sha256_problem(storage.join(cfg.merged, f), s)]
     checks.append(_check("checksums", not bad_sums, f"changed since merge: {bad_sums}" if bad_sums else
                          f"{len(man.get('checksums', {}))} files match manifest.json", changed=bad_sums))
     out = _Output(storage.local_path(storage.join(cfg.merged, "train.parquet")))

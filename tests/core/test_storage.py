@@ -5,6 +5,7 @@ import os
 import pytest
 
 from eagle3 import storage
+from eagle3.errors import InputError
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -54,3 +55,32 @@ def test_local_write_is_atomic_no_temp_left(tmp_path):
     p = tmp_path / "x" / "y.json"
     storage.write_json(p, [1, 2])
     assert sorted(os.listdir(p.parent)) == ["y.json"]
+
+
+def test_atomic_dir_uploads_a_tree_on_success_only(s3_bucket):
+    with storage.atomic_dir(f"{s3_bucket}/tree") as d:
+        (d / "sub").mkdir()
+        (d / "sub" / "a.txt").write_text("a")
+        (d / "b.txt").write_text("b")
+    assert storage.list_files(f"{s3_bucket}/tree") == ["b.txt", "sub/a.txt"]
+    with pytest.raises(RuntimeError):
+        with storage.atomic_dir(f"{s3_bucket}/tree2") as d:
+            (d / "a.txt").write_text("partial")
+            raise RuntimeError("failed")
+    assert storage.list_files(f"{s3_bucket}/tree2") == []
+
+
+def test_check_sha256_names_the_file_both_digests_and_the_repair(root):
+    uri = storage.join(root, "data.bin")
+    digest = storage.write_bytes(uri, b"intact")
+    assert open(storage.check_sha256(uri, digest, "unused"), "rb").read() == b"intact"  # the local copy
+    assert storage.check_sha256(uri, None, "unused")  # nothing recorded (an older file): not checked
+    storage.write_bytes(uri, b"damaged")
+    got = storage.sha256_bytes(b"damaged")
+    with pytest.raises(InputError) as e:
+        storage.check_sha256(uri, digest, "re-run `eagle3 x`", recorded_in="stats.json")
+    assert str(e.value) == (f"{uri}: sha256 {got} differs from stats.json's {digest}: the file changed or was "
+                            "damaged after it was written; re-run `eagle3 x`")
+    assert storage.sha256_problem(uri, digest, "stats.json") == f"sha256 {got} differs from stats.json's {digest}"
+    assert storage.sha256_problem(uri, got) is None
+    assert storage.sha256_problem(uri, digest, digest=digest) is None  # a digest the caller computed is trusted
