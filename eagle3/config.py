@@ -218,17 +218,3 @@ def config_from_args(cls: type[T], args: argparse.Namespace, base: dict[str, Any
     names = {f.name for f in dataclasses.fields(cls)}
     data.update({k: v for k, v in vars(args).items() if k in names})
     return from_dict(cls, data, cls.__name__)
-
-
-def stage_cli(cls: type, stage, *, aliases: dict[str, list[str]] | None = None, skip: tuple[str, ...] = (),
-              choices: dict[str, tuple] | None = None):
-    """(add_arguments, run) of a stage subcommand whose flags are exactly ``cls``'s fields: ``run``
-    builds the config and returns ``stage(cfg)``'s summary, which `eagle3` prints and writes to --result."""
-
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        add_config_arguments(parser, cls, aliases=aliases, skip=skip, choices=choices)
-
-    def run(args: argparse.Namespace) -> dict:
-        return stage(config_from_args(cls, args))
-
-    return add_arguments, run

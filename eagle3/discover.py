@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle3 import layout
-from eagle3.config import stage_cli
 from eagle3.errors import InputError
 
 
@@ -45,5 +44,3 @@ def discover(cfg: DiscoverConfig) -> dict:
     shards = [{"shard": f"{i}/{cfg.extract_shards}"} for i in range(cfg.extract_shards)]
     return {"regenerate": regenerate, "tokenize": tokenize, "extract": shards}
 
-
-add_arguments, run = stage_cli(DiscoverConfig, discover)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3 import storage
-from eagle3.config import stage_cli
 from eagle3.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -255,5 +254,3 @@ def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
     model = Eagle3Draft.from_state_dict(cfg, state, embed_weight.float())
     return model.to(torch.device(device)).eval()
 
-
-add_arguments, run = stage_cli(ExportConfig, export, choices={"dtype": DTYPES})

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3 import storage
-from eagle3.config import stage_cli
 from eagle3.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -173,10 +172,6 @@ def publish(cfg: PublishConfig) -> dict[str, Any]:
     return result
 
 
-def _publish_and_say(cfg: PublishConfig) -> dict[str, Any]:
-    result = publish(cfg)
-    print(("PUBLISHED to " + result["location"]) if result["published"] else "NOT PUBLISHED: " + result["reason"])
-    return result
-
-
-add_arguments, run = stage_cli(PublishConfig, _publish_and_say)
+def say(cfg: PublishConfig, result: dict[str, Any]) -> str:
+    """What `eagle3 publish` prints before the JSON: the verdict."""
+    return ("PUBLISHED to " + result["location"]) if result["published"] else "NOT PUBLISHED: " + result["reason"]

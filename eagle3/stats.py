@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3 import storage, storage_options
-from eagle3.config import stage_cli
 from eagle3.errors import InputError
 from eagle3.progress import fmt_duration
 
@@ -180,10 +179,6 @@ def stats(cfg: StatsConfig) -> dict[str, Any]:
     return result
 
 
-def _stats_with_table(cfg: StatsConfig) -> dict[str, Any]:
-    result = stats(cfg)
-    print(format_table(result))
-    return result
-
-
-add_arguments, run = stage_cli(StatsConfig, _stats_with_table, choices={"storage": tuple(storage_options.OPTIONS)})
+def say(cfg: StatsConfig, result: dict[str, Any]) -> str:
+    """What `eagle3 stats` prints before the JSON: the table."""
+    return format_table(result)

@@ -3,7 +3,7 @@
 Modules: ``config`` (ExtractConfig), ``stage`` (the work), ``store`` (writer + memory-mapped
 reader, the trainer's entry point), ``codec`` (the storage options' tensors and
 ``target_logprobs``), ``capture`` (the target forward pass), ``lean_llama`` (the lean CPU
-forward), ``plan`` (deterministic task split, shards and batches), ``cli``.
+forward), ``plan`` (deterministic task split, shards and batches). Its CLI is eagle3.stages.
 Kept import-light: nothing heavy is imported here.
 """
 

@@ -2,7 +2,7 @@
 
 Modules: ``config`` (TrainConfig, the schedule), ``inputs`` (store, vocab map, target head),
 ``data`` (deterministic batches), ``objective`` (TTT loss), ``loop`` (the Trainer),
-``distributed`` (torchrun ranks), ``oom`` (how a run adapts after an out-of-memory), ``cli``.
+``distributed`` (torchrun ranks), ``oom`` (how a run adapts after an out-of-memory), ``launch`` (`eagle3 train`).
 Checkpoints are :mod:`eagle3.checkpoint`. Nothing heavy is imported here.
 """
 

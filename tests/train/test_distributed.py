@@ -30,7 +30,7 @@ def test_two_gloo_ranks_match_one_process(tiny_store, tmp_path):
     torch.set_num_threads(1)
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "eagle3.train.cli",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "eagle3", "train",
            "--store", tiny_store["store"], "--vocab", tiny_store["vocab"], "--out", str(out),
            "--ttt-length", "3", "--token-budget", "64", "--grad-accum", "1", "--lr", "3e-3",
            "--max-steps", str(STEPS), "--log-every", "1", "--save-every", "3", "--eval-every", "3",

@@ -1,15 +1,9 @@
-"""Train the EAGLE-3 draft on a hidden-state store (training-time test, TTT).
+"""How `eagle3 train` runs: in this process, or data-parallel under torchrun that it launches itself.
 
-Resumes from OUT/latest.json when it exists. Exit codes: 0 done, 2 bad input
-(never retry), 75 out of memory (state saved with half the micro-batch and
-twice the accumulation; re-run the same command to resume).
-
-Online: `eagle3 train --online --merged MERGED --model T --store STORE ...` runs the target inside
-training (samples the store lacks are computed per micro-batch; --write-back stores them).
-
-Data-parallel: `eagle3 train --nproc N ...` launches torchrun itself and keeps the exit codes above (torchrun
-alone exits 1 whatever its workers' codes); `python -m torch.distributed.run --nproc_per_node N -m
-eagle3.train.cli --config CFG.json` works too.
+`eagle3 train --nproc N ...` runs torchrun with N workers, each `python -m eagle3 train --config CFG.json`,
+and keeps the exit codes of `eagle3` (2 bad input, 75 out of memory): torchrun alone exits 1 whatever its
+workers' codes, so each worker leaves its error's exit code in a status folder. The TrainConfig flags
+themselves come from the stage registry (eagle3.stages).
 """
 
 from __future__ import annotations
@@ -21,8 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eagle3.config import add_config_arguments, config_from_args, to_dict
-from eagle3.devices import PRECISIONS
+from eagle3.config import config_from_args, to_dict
 from eagle3.errors import Eagle3Error, exit_code
 from eagle3.train import TrainConfig, train
 
@@ -30,8 +23,6 @@ STATUS_ENV = "EAGLE3_TRAIN_STATUS_DIR"  # where torchrun workers leave their err
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_config_arguments(p, TrainConfig, aliases={"model": ["--target"]},
-                         choices={"init": ("target", "random"), "precision": PRECISIONS})
     p.add_argument("--nproc", type=int, default=1,
                    help="data-parallel processes on this machine (runs torchrun; one GPU each on CUDA)")
 
@@ -61,7 +52,7 @@ def launch(cfg: TrainConfig, nproc: int) -> int:
         status = Path(tmp, "status")
         status.mkdir()
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "eagle3.train.cli", "--config", str(config)]
+               "-m", "eagle3", "train", "--config", str(config)]
         code = subprocess.run(cmd, env=dict(os.environ, **{STATUS_ENV: str(status)})).returncode
         codes = [json.loads(p.read_text())["exit_code"] for p in status.glob("rank-*.json")]
     if code == 0:
@@ -70,14 +61,3 @@ def launch(cfg: TrainConfig, nproc: int) -> int:
         if wanted in codes:
             return wanted
     return code
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point for `python -m eagle3.train.cli` (what torchrun launches): same exit codes as `eagle3 train`."""
-    from eagle3.cli import main as eagle3_main
-
-    return eagle3_main(["train", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
