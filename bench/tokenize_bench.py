@@ -91,8 +91,8 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from eagle3 import target
-    from eagle3.tokenize.chat_mask import ChatMasker, ramp_chunk_sizes
     from eagle3.datasets.readers import parse_conversation
+    from eagle3.tokenize.chat_mask import ChatMasker, ramp_chunk_sizes
     from eagle3.tokenize.stage import DatasetConfig, tokenize_dataset
 
     tok_dir = target.resolve_model(target.SMOLLM2_ALIAS)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from eagle3.serving.process import free_port
+
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,16 +67,10 @@ def padded_tiny_llama_dir(tmp_path_factory, tiny_llama_dir) -> str:
     return str(out)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """A real S3 HTTP endpoint: moto_server as a subprocess on 127.0.0.1."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from eagle3.errors import InputError
 from eagle3.datasets.readers import Conversation
+from eagle3.errors import InputError
 
 _S = "Qz7"  # sentinel prefix: plain letters, so templates that strip or trim keep it
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,10 @@ from pathlib import Path
 
 import httpx
 
+from eagle3.serving.process import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.evaluate.server_processes import free_port
+from eagle3.serving.process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration]

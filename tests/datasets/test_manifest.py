@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from eagle3.errors import InputError
 from eagle3.datasets.manifest import DatasetSpec, load_manifest, parse_manifest
+from eagle3.errors import InputError
 
 
 def _write(tmp_path, text: str, data: dict[str, str] | None = None) -> str:

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3.errors import InputError
 from eagle3.datasets import readers, records
 from eagle3.datasets.readers import Conversation, Rejected, TokenRecord, read_records
+from eagle3.errors import InputError
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 

@@ -3,14 +3,7 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def alive(pid: int) -> bool:

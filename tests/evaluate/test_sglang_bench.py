@@ -14,7 +14,8 @@ from eagle3.evaluate.sglang_bench import (
     sglang_benchmark,
 )
 from eagle3.errors import InputError
-from tests.evaluate.server_processes import alive, free_port
+from eagle3.serving.process import free_port
+from tests.evaluate.server_processes import alive
 
 HERE = Path(__file__).parent
 

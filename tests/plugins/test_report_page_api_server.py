@@ -10,7 +10,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 from report_run_folder import DAG_ID, PLUGINS, REPO, RUN_ID, write_real_report, write_run
+
+from eagle3.serving.process import free_port
 
 pytestmark = pytest.mark.integration
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
@@ -41,12 +42,6 @@ def eagle3_train():
 
 eagle3_train()
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +76,7 @@ def api_server(tmp_path_factory):
                  ["dags", "trigger", DAG_ID, "--run-id", OTHER_RUN_ID, "--conf", other_conf]):
         done = subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"airflow {' '.join(args)}: " + done.stdout[-3000:] + done.stderr[-3000:]
-    port = _free_port()
+    port = free_port()
     log = open(home / "api-server.log", "w")
     proc = subprocess.Popen([AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

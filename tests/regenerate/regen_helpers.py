@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -12,14 +11,10 @@ from pathlib import Path
 
 import yaml
 
+from eagle3.serving.process import free_port
+
 HERE = Path(__file__).resolve().parent
 FAKE_SERVER = HERE / "fake_openai_server.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:

@@ -14,9 +14,9 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
+from eagle3.datasets.readers import parse_conversation
 from eagle3.errors import InputError
 from eagle3.tokenize.chat_mask import ChatMasker, TemplateError, _tools_block
-from eagle3.datasets.readers import parse_conversation
 import tokenize_templates as templates  # tests/tokenize/ is on sys.path (pytest rootdir-less layout)
 
 WEATHER_TOOL = {"type": "function", "function": {

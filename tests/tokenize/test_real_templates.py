@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 
 import pytest
 from transformers import AutoTokenizer
 
+from eagle3.datasets.readers import parse_conversation
 from eagle3.errors import InputError
 from eagle3.tokenize.chat_mask import ChatMasker, TemplateError
-from eagle3.datasets.readers import parse_conversation
 
 WORDS = "alpha beta gamma delta value sum list file data model token loss 12 7 42 3.5 ( ) , . ? ! ok".split()
 
@@ -169,7 +170,8 @@ def check(masker: ChatMasker, name: str, record: dict) -> None:
 @pytest.mark.parametrize("name", ["gemma3", "llama3", "qwen3", "qwen3_5"])
 def test_masks_equal_the_oracle_on_random_conversations(maskers, name):
     masker = maskers(name)
-    for record in conversations(40, seed=hash(name) % 1000):
+    # crc32, not hash(): str hashes are salted per process, so a failure could not be replayed
+    for record in conversations(40, seed=zlib.crc32(name.encode()) % 1000):
         try:
             check(masker, name, record)
         except TemplateError as e:  # the only refusal allowed: Llama 3.2 takes one tool call per turn

@@ -27,9 +27,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eagle3.errors import InputError
 from eagle3.datasets import readers, records
 from eagle3.datasets.readers import Conversation, Rejected, TokenRecord, read_records
+from eagle3.errors import InputError
 from eagle3.tokenize.stage import TEMPLATE_ERROR, DatasetConfig, tokenize_dataset
 
 REASONS = {v for k, v in vars(records).items() if k.isupper() and isinstance(v, str)} | {TEMPLATE_ERROR}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -15,22 +14,17 @@ import torch
 from tests.train.train_helpers import REPO
 from eagle3.train.loop import train
 from eagle3.checkpoint import read_metrics
+from eagle3.serving.process import free_port
 from tests.train.test_loop import cfg_for, losses
 
 STEPS = 6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_gloo_ranks_match_one_process(tiny_store, tmp_path):
     torch.set_num_threads(1)
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "eagle3", "train",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "eagle3", "train",
            "--store", tiny_store["store"], "--vocab", tiny_store["vocab"], "--out", str(out),
            "--ttt-length", "3", "--token-budget", "64", "--grad-accum", "1", "--lr", "3e-3",
            "--max-steps", str(STEPS), "--log-every", "1", "--save-every", "3", "--eval-every", "3",
