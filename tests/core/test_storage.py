@@ -40,12 +40,16 @@ def test_put_get_file_multipart(s3_bucket, tmp_path, monkeypatch):
     assert storage.sha256_file(local) == digest
 
 
-def test_staged_dir_uploads_on_success_only(s3_bucket):
-    with storage.staged_dir(f"{s3_bucket}/out") as d:
+@pytest.mark.parametrize("folder", [storage.staged_dir, storage.atomic_dir])
+def test_s3_folders_upload_a_tree_on_success_only(s3_bucket, folder):
+    with folder(f"{s3_bucket}/out") as d:
         (d / "f.txt").write_text("hello")
+        (d / "sub").mkdir()
+        (d / "sub" / "g.txt").write_text("g")
     assert storage.read_text(f"{s3_bucket}/out/f.txt") == "hello"
+    assert storage.list_files(f"{s3_bucket}/out") == ["f.txt", "sub/g.txt"]
     with pytest.raises(RuntimeError):
-        with storage.staged_dir(f"{s3_bucket}/out2") as d:
+        with folder(f"{s3_bucket}/out2") as d:
             (d / "f.txt").write_text("partial")
             raise RuntimeError("stage failed")
     assert storage.list_files(f"{s3_bucket}/out2") == []
@@ -55,19 +59,6 @@ def test_local_write_is_atomic_no_temp_left(tmp_path):
     p = tmp_path / "x" / "y.json"
     storage.write_json(p, [1, 2])
     assert sorted(os.listdir(p.parent)) == ["y.json"]
-
-
-def test_atomic_dir_uploads_a_tree_on_success_only(s3_bucket):
-    with storage.atomic_dir(f"{s3_bucket}/tree") as d:
-        (d / "sub").mkdir()
-        (d / "sub" / "a.txt").write_text("a")
-        (d / "b.txt").write_text("b")
-    assert storage.list_files(f"{s3_bucket}/tree") == ["b.txt", "sub/a.txt"]
-    with pytest.raises(RuntimeError):
-        with storage.atomic_dir(f"{s3_bucket}/tree2") as d:
-            (d / "a.txt").write_text("partial")
-            raise RuntimeError("failed")
-    assert storage.list_files(f"{s3_bucket}/tree2") == []
 
 
 def test_check_sha256_names_the_file_both_digests_and_the_repair(root):

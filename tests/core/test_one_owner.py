@@ -1,0 +1,80 @@
+"""One owner per fact: each fact below is defined in exactly one module, found by scanning the source.
+
+A second definition (a copy that may drift) or a hand-written second version of the formula
+fails here with the places to merge.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CODE = ("eagle3", "dags", "operators", "plugins")  # the product; tests and benches import it
+
+
+def _files(roots=CODE + ("tests", "bench")) -> list[Path]:
+    return sorted(p for root in roots for p in (REPO / root).rglob("*.py"))
+
+
+@functools.lru_cache(maxsize=1)
+def _definitions() -> dict[str, set[str]]:
+    """name -> the files that define it at any level (def, class or assignment)."""
+    found: dict[str, set[str]] = {}
+    for path in _files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            for name in names:
+                found.setdefault(name, set()).add(str(path.relative_to(REPO)))
+    return found
+
+
+def _defined(name: str) -> list[str]:
+    return sorted(_definitions().get(name, ()))
+
+
+OWNERS = {
+    # the dataset reader: manifest, file reading, record rules (roles, reasoning keys)
+    "load_manifest": "eagle3/datasets/manifest.py", "parse_manifest": "eagle3/datasets/manifest.py",
+    "source_uris": "eagle3/datasets/manifest.py", "read_records": "eagle3/datasets/readers.py",
+    "MESSAGE_ROLES": "eagle3/datasets/records.py", "SHAREGPT_ROLES": "eagle3/datasets/records.py",
+    "REASONING_KEYS": "eagle3/datasets/records.py",
+    # the sample content hash, the extraction cost formula, the checksum check
+    "content_id": "eagle3/datasets/samples.py", "stored_bytes": "eagle3/storage_options.py",
+    "check_sha256": "eagle3/storage.py", "sha256_problem": "eagle3/storage.py",
+    # the stage registry; a free port for a test server
+    "STAGES": "eagle3/stages.py", "COMMANDS": "eagle3/stages.py", "free_port": "eagle3/serving/process.py",
+}
+RETIRED = ("sample_id", "_free_port", "_stats_with_table", "_publish_and_say", "_evaluate_and_say", "stage_cli")
+
+
+@pytest.mark.parametrize("name, owner", sorted(OWNERS.items()))
+def test_each_fact_has_one_owner(name, owner):
+    assert _defined(name) == [owner]
+
+
+def test_retired_copies_stay_gone():
+    assert {name: _defined(name) for name in RETIRED} == {name: [] for name in RETIRED}
+    assert sorted((REPO / "eagle3").glob("*/cli.py")) == []  # the stage shims: eagle3.stages wires the CLI
+
+
+@pytest.mark.parametrize("pattern, owner", [
+    (r"yaml\.safe_load\(", "eagle3/datasets/manifest.py"),  # the manifest is parsed in one place
+    (r"""dtype=["']<i4["']\)\.tobytes\(\)""", "eagle3/datasets/samples.py"),  # the content hash's bytes
+    (r"\bOFFSET_BYTES \*", "eagle3/storage_options.py"),  # offsets are priced by the formula only
+    (r"""["']bing["']""", "eagle3/datasets/records.py"),  # role aliases
+    (r"sha256_file\(.*\)\)? *!= *\w", None),  # a digest compared by hand: storage.check_sha256 does it
+])
+def test_a_formula_is_written_once(pattern, owner):
+    places = [str(p.relative_to(REPO)) for p in _files(CODE) if re.search(pattern, p.read_text())]
+    assert places == ([owner] if owner else []), places
