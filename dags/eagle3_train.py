@@ -1,15 +1,22 @@
 """eagle3_train: raw conversation datasets → trained, exported, benchmarked EAGLE-3 draft.
 
+```
 discover ─► regenerate[ds] ─► tokenize[ds] ─► stats ─► merge ─► verify ─► vocab ─► extract[shard] ─► train
-         ─► export ─► evaluate ─► publish ─► report
+         ─► export ─► evaluate ─► publish ─► report ─► outcome
+```
 
 Wiring only: every task is the stage of the same name in the eagle3 core library
-(``eagle3.<task>``, exposing ``<task>(cfg)``), run by one operator shape. Params take their
-defaults and descriptions from the stage Configs, and templates render as native objects,
-so a value keeps its type from the trigger form to the Config. Where artifacts go is
-eagle3.layout: a run's own folders under {storage_root}/runs/eagle3_train/{run_id}/, the
-tokenized datasets and the hidden-state store shared between runs, so a re-run redoes only
-what changed. Nothing heavy is imported here (parsing stays well under 0.3 s).
+(`eagle3.<task>`, exposing `<task>(cfg)`), run by one operator shape. The Params' defaults are
+the demo's settings (`eagle3/demo/settings.py`: the bundled SmolLM2 on the demo corpus, about
+15 minutes on 2 CPU cores), else the stage Configs' defaults; their help comes from the Configs'
+docstrings. Templates render as native objects, so a value keeps its type from the trigger form to
+the Config. Where artifacts go is `eagle3.layout`: a run's own folders under
+`{storage_root}/runs/eagle3_train/{run_id}/`, the tokenized datasets and the hidden-state store
+shared between runs, so a re-run redoes only what changed.
+
+`report` runs whatever happened upstream; `outcome`, the last task, fails when any task of the run
+failed, so a run whose gate failed is a failed run (in the UI, and for `airflow dags test`).
+Nothing heavy is imported here (parsing stays well under 0.3 s).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pathlib import Path
 from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, TaskGroup, dag, task
 
 from eagle3 import layout, storage_options
+from eagle3.demo import settings as demo
 from eagle3.devices import PRECISION_SUMMARY, PRECISIONS
 from eagle3.config import DEFAULT_SEED
 from eagle3.discover import DiscoverConfig
@@ -39,13 +47,16 @@ from eagle3.train.config import TrainConfig
 from eagle3.verify.config import VerifyConfig
 from eagle3.verify.mode import MODES as TRAINING_MODES
 from eagle3.vocab.config import VocabConfig
-from operators.params import config_param
+from operators.outcome import OutcomeOperator
+from operators.params import config_param, form_params
 from operators.retry import EAGLE3_RETRY_POLICY
-from operators.stage import Eagle3StageOperator, PublishOperator, RegenerateOperator, TrainOperator
+from operators.stage import (Eagle3StageOperator, ExtractOperator, PublishOperator, RegenerateOperator,
+                             ReportOperator, TrainOperator, VerifyOperator)
 
 DAG_ID = "eagle3_train"
-# The manifest whose dataset sources are the DAG's Assets (read at parse time; YAML only).
-DEFAULT_MANIFEST = os.environ.get("EAGLE3_MANIFEST", str(Path(__file__).resolve().parents[1] / "artifacts/demo/manifest.yaml"))
+# The manifest whose dataset sources are the DAG's Assets (read at parse time; YAML only): the demo corpus
+# that `make airflow` and `make demo` write under the default storage root.
+DEFAULT_MANIFEST = os.environ.get("EAGLE3_MANIFEST", demo.manifest_path(layout.default_root()))
 TRAIN_GPUS = int(os.environ.get("EAGLE3_TRAIN_GPUS", "1"))  # pool_slots of train; ≤ pool size
 # GPUs the target's forward needs: online training runs it inside the train task, so train holds that many too
 TARGET_GPUS = int(os.environ.get("EAGLE3_TARGET_GPUS", "1"))
@@ -69,11 +80,16 @@ _assets = _dataset_assets(DEFAULT_MANIFEST)
 _cron = CronTriggerTimetable(os.environ.get("EAGLE3_CRON", "0 3 * * 1"), timezone="UTC")
 SCHEDULE = AssetOrTimeSchedule(timetable=_cron, assets=_assets) if _assets else _cron
 
-PARAMS = {
+# The trigger form: each Param's default is the demo's setting (eagle3.demo.settings) where it has one,
+# else the stage Config's; form_params adapts every schema to the form (bounds, Markdown help; see
+# operators/params.py). Add a Param here as the others are; it goes through the same adaptation.
+PARAMS = form_params({
     "model": Param(SMOLLM2_ALIAS, type="string", minLength=1, title="Target model",
-                   description="HF model directory, s3:// prefix, or the alias smollm2-135m-instruct."),
+                   description="A Hugging Face model directory, an s3:// prefix holding one, or the alias "
+                               "``smollm2-135m-instruct`` (the bundled SmolLM2)."),
     "manifest": Param(DEFAULT_MANIFEST, type="string", minLength=1, title="Datasets manifest",
-                      description="YAML with a top-level `datasets:` list (name, source, format, ...)."),
+                      description="YAML with a top-level ``datasets:`` list (name, source, format, ...). The default is "
+                                  "the demo corpus, which ``make airflow`` writes."),
     "storage_root": Param(layout.default_root(), type="string", minLength=1, title="Storage root",
                           description="Local folder or s3://bucket/prefix for every artifact (eagle3.layout)."),
     "max_seq_len": config_param(MergeConfig, "max_seq_len", minimum=16, maximum=1048576, title="Max sequence length"),
@@ -85,13 +101,23 @@ PARAMS = {
     "regenerate_backend": config_param(RegenerateConfig, "backend", enum=list(REGENERATE_BACKENDS),
                                        title="Regeneration backend"),
     "regenerate_server": config_param(RegenerateConfig, "server", enum=[None, *REGENERATE_SERVERS],
-                                      type=["null", "string"], title="Regeneration server"),
+                                      type=["null", "string"], title="Regeneration server",
+                                      values_display={"null": "none: the backend above", "vllm": "vLLM",
+                                                      "sglang": "SGLang"}),
+    "regenerate_restart": config_param(
+        RegenerateConfig, "restart", title="Regenerate from scratch",
+        description="Discard the answers regenerated earlier (kept under the storage root and shared between "
+                    "runs) and regenerate every dataset again. Needed when the regeneration settings above "
+                    "differ from those the kept answers were made with; the regenerate task's error says so."),
     "regenerate_max_tokens": config_param(RegenerateConfig, "max_tokens", minimum=1, title="Regeneration max tokens"),
     "regenerate_concurrency": config_param(RegenerateConfig, "concurrency", minimum=1, maximum=1024,
                                            title="Regeneration concurrency"),
     "draft_vocab_size": config_param(VocabConfig, "draft_vocab_size", minimum=16, title="Draft vocab size"),
-    "aux_layers": config_param(ExtractConfig, "layers", items={"type": "integer", "minimum": 0}, minItems=3,
-                               maxItems=3, title="Aux layers"),
+    "aux_layers": Param(None, type=["null", "string"], pattern=r"^\s*\d+\s*,\s*\d+\s*,\s*\d+\s*$",
+                        title="Aux layers",
+                        description="Three target layer ids whose outputs the draft reads, comma-separated "
+                                    "(e.g. ``1,14,26``). Empty: the target's default [1, L/2-1, L-4], which "
+                                    "is 1,14,26 for the 30-layer SmolLM2."),
     "storage_option": config_param(ExtractConfig, "storage", enum=list(storage_options.OPTIONS),
                                    title="Hidden-state storage",
                                    description="Bytes stored per token: " + storage_options.describe()),
@@ -115,29 +141,23 @@ PARAMS = {
     "evaluate_backend": config_param(EvaluateConfig, "backend", enum=list(EVALUATE_BACKENDS),
                                      title="Benchmark engine"),
     "evaluate_compare_with": config_param(EvaluateConfig, "compare_with", items={"type": "string",
-                                          "enum": list(EVALUATE_COMPARABLE)}, title="Also benchmark on"),
+                                          "enum": list(EVALUATE_COMPARABLE)}, title="Also benchmark on",
+                                          uniqueItems=True),
     "benchmark_prompts": config_param(EvaluateConfig, "prompts", minLength=1, title="Benchmark prompts"),
     "benchmark_limit": config_param(EvaluateConfig, "limit", minimum=1, title="Benchmark prompts limit"),
     "max_new_tokens": config_param(EvaluateConfig, "max_new_tokens", minimum=1, title="Benchmark max new tokens"),
     "steps": config_param(EvaluateConfig, "steps", minimum=1, maximum=16, title="Draft steps"),
-}
+}, defaults=demo.PARAMS)
 GPU = {"pool": "gpu", "queue": "gpu"}
-ONLINE = "{{ ti.xcom_pull(task_ids='discover.training_mode') == 'online' }}"  # verify's choice, as a bool
+# verify's choice of training mode (eagle3.verify.mode), as a bool; VerifyOperator pushes it under this key.
+ONLINE = "{{ ti.xcom_pull(task_ids='verify', key='training_mode') == 'online' }}"
+# "1,14,26" -> [1, 14, 26]; empty -> None (the target's default layers)
+LAYERS = "{{ params.aux_layers | layer_ids }}"
 
 
-# Training mode: verify decides (eagle3.verify.mode); online maps extract over no shard, which skips it.
-@task(task_id="training_mode")
-def _training_mode(verdict: dict) -> str:
-    if "training_mode" not in verdict:  # a verdict too big for XCom is kept in the run folder
-        from eagle3 import storage
-
-        verdict = storage.read_json(verdict["result_file"])
-    return verdict["training_mode"]["mode"]
-
-
-@task(task_id="extract_shards")
-def _offline_shards(shards: list, mode: str) -> list:
-    return [] if mode == "online" else shards
+def layer_ids(text: str | None) -> list[int] | None:
+    """The aux_layers Param (comma-separated ids, or empty) as the Configs' list."""
+    return [int(i) for i in text.split(",")] if text and text.strip() else None
 
 
 @dag(
@@ -147,13 +167,16 @@ def _offline_shards(shards: list, mode: str) -> list:
     max_active_runs=1,
     params=PARAMS,
     render_template_as_native_obj=True,
+    user_defined_filters={"layer_ids": layer_ids},
     tags=["eagle3"],
     doc_md=__doc__,
     default_args={"retries": RETRIES, "retry_delay": RETRY_DELAY, "retry_policy": EAGLE3_RETRY_POLICY},
 )
 def eagle3_train():
     common = {"root": ROOT}
-    with TaskGroup("discover", tooltip="eagle3.discover: the manifest's datasets and the extraction shards") as found:
+    # Only what comes before every other task sits in the group: a group on both sides of a task is a
+    # cycle between groups, and the UI's Graph and Grid then fail (HTTP 500).
+    with TaskGroup("discover", tooltip="eagle3.discover: the manifest's datasets and the extraction shards"):
         plan = Eagle3StageOperator(
             task_id="plan", stage="discover", **common,
             config={"manifest": "{{ params.manifest }}", "root": ROOT, "extract_shards": "{{ params.extract_shards }}"})
@@ -178,7 +201,7 @@ def eagle3_train():
         task_id="regenerate", map_index_template="{{ task.mapped.datasets[0] }}", **common,
         config={"manifest": "{{ params.manifest }}", "out": layout.regenerated(ROOT), "model": "{{ params.model }}",
                 "backend": "{{ params.regenerate_backend }}", "server": "{{ params.regenerate_server }}",
-                "max_tokens": "{{ params.regenerate_max_tokens }}",
+                "max_tokens": "{{ params.regenerate_max_tokens }}", "restart": "{{ params.regenerate_restart }}",
                 "seed": "{{ params.seed }}", "concurrency": "{{ params.regenerate_concurrency }}",
                 "precision": "{{ params.precision }}"},
     ).expand(mapped=to_regenerate)
@@ -200,8 +223,8 @@ def eagle3_train():
         task_id="merge", stage="merge", **common,
         config={"prepared": layout.prepared(ROOT), "out": RUN.folder("merged"), "manifest": "{{ params.manifest }}",
                 "max_seq_len": "{{ params.max_seq_len }}", "seed": "{{ params.seed }}", "drop": "{{ params.drop }}"})
-    verify = Eagle3StageOperator(
-        task_id="verify", stage="verify", **common,
+    verify = VerifyOperator(
+        task_id="verify", **common,
         config={"merged": RUN.folder("merged"), "model": "{{ params.model }}", "store": layout.store(ROOT),
                 "storage": "{{ params.storage_option }}", "tokens_per_s": "{{ params.extract_tokens_per_s }}",
                 # what this run merged with: a stale merge of another run fails the gate
@@ -213,20 +236,18 @@ def eagle3_train():
         task_id="vocab", stage="vocab", **common,
         config={"merged": RUN.folder("merged"), "out": RUN.folder("vocab"),
                 "draft_vocab_size": "{{ params.draft_vocab_size }}"})
-
-    with found:  # the plan's selectors: the shards to extract, none when verify chose online training
-        shards = _offline_shards(to_extract, _training_mode(verify.output))
-    extract = Eagle3StageOperator.partial(
-        task_id="extract", stage="extract", map_index_template="{{ task.mapped.shard }}", **GPU, **common,
+    # Mapped over the plan's shards; each skips itself when verify chose online training.
+    extract = ExtractOperator.partial(
+        task_id="extract", map_index_template="{{ task.mapped.shard }}", online=ONLINE, **GPU, **common,
         config={"merged": RUN.folder("merged"), "model": "{{ params.model }}", "out": layout.store(ROOT),
-                "layers": "{{ params.aux_layers }}", "storage": "{{ params.storage_option }}",
+                "layers": LAYERS, "storage": "{{ params.storage_option }}",
                 "token_budget": "{{ params.extract_token_budget }}", "precision": "{{ params.precision }}"},
-    ).expand(mapped=shards)
+    ).expand(mapped=to_extract)
 
     train = TrainOperator(
         task_id="train", nproc=TRAIN_GPUS, pool_slots=max(TRAIN_GPUS, TARGET_GPUS), trigger_rule="none_failed",
         **GPU, **common,
-        config={"store": layout.store(ROOT), "layers": "{{ params.aux_layers }}", "storage": "{{ params.storage_option }}",
+        config={"store": layout.store(ROOT), "layers": LAYERS, "storage": "{{ params.storage_option }}",
                 "merged": RUN.folder("merged"), "vocab": RUN.folder("vocab"), "out": RUN.folder("checkpoint"),
                 "model": "{{ params.model }}", "ttt_length": "{{ params.ttt_length }}", "epochs": "{{ params.epochs }}",
                 "lr": "{{ params.lr }}", "token_budget": "{{ params.train_token_budget }}",
@@ -248,11 +269,14 @@ def eagle3_train():
         task_id="publish", outlets=[DRAFT_MODEL], **common,
         config={"report": layout.join(RUN.folder("eval"), "report.json"), "draft": RUN.folder("draft"),
                 "registry": layout.registry(ROOT), "run_id": "{{ run_id }}"})
-    report = Eagle3StageOperator(
-        task_id="report", stage="report", trigger_rule="all_done", **common,
+    # The report runs whatever happened upstream (all_done); outcome then fails the run if any task failed.
+    report = ReportOperator(
+        task_id="report", trigger_rule="all_done", **common,
         config={"root": ROOT, "dag_id": DAG_ID, "run_id": "{{ run_id }}"})
+    outcome = OutcomeOperator(task_id="outcome", trigger_rule="all_done", **common)
 
     tokenize >> stats >> merge >> verify >> vocab >> extract >> train >> export >> evaluate >> publish >> report
+    report >> outcome
 
 
 eagle3_train()

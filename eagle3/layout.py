@@ -9,6 +9,7 @@ The DAG, the stages, the report and the UI plugin all build paths here::
     <root>/runs/<dag_id>/<run_id>/      one DAG run:
         stats/ merged/ vocab/ checkpoint/ draft/ eval/ report/   one folder per stage output
         summaries/<task_id>[.<map_index>].json                    each task's result (the one result protocol)
+        errors/<task_id>[.<map_index>].json                       a failed task's error (eagle3.report.failures)
         run_summary.json                                          RUN_SUMMARY_SCHEMA, written by the report task
 
 Paths are joined with "/" (never normalised), so the same functions build local
@@ -26,6 +27,7 @@ ROOT_ENV = "EAGLE3_ARTIFACTS"
 RUN_FOLDERS = ("stats", "merged", "vocab", "checkpoint", "draft", "eval", "report")
 SHARED_FOLDERS = ("prepared", "regenerated", "store", "registry")
 SUMMARIES = "summaries"
+ERRORS = "errors"
 RUN_SUMMARY = "run_summary.json"
 RUN_SUMMARY_SCHEMA = "eagle3-run-summary/1"
 """run_summary.json, written by the report task, read by the UI plugin:
@@ -37,6 +39,8 @@ RUN_SUMMARY_SCHEMA = "eagle3-run-summary/1"
     reused    {"tokenize": {dataset: "reused" | "tokenized"}, "extracted_samples", "reused_samples",
                "extracted_tokens"}
     report    the report stage's own result (its files and plots)
+    status    the run's tasks at report time (eagle3.report.summary.run_status): failed (with their first
+              error lines), not_run, skipped, counts
 """
 
 # Airflow run ids are [A-Za-z0-9_.:+-]-ish; refusing "/" and ".." keeps a URL from leaving the runs folder.
@@ -127,6 +131,11 @@ class RunLayout:
         """Where a task's result is kept: ``summaries/<task_id>.json`` or ``summaries/<task_id>.<i>.json``."""
         name = task_id if map_index is None or map_index < 0 else f"{task_id}.{map_index}"
         return join(self.summaries, f"{name}.json")
+
+    def task_error(self, task_id: str, map_index: int | None = None) -> str:
+        """Where a failed task's error is kept: ``errors/<task_id>[.<i>].json`` (removed when it succeeds)."""
+        name = task_id if map_index is None or map_index < 0 else f"{task_id}.{map_index}"
+        return join(self.dir, ERRORS, f"{name}.json")
 
     @classmethod
     def checked(cls, root: str, dag_id: str, run_id: str) -> "RunLayout":

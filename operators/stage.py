@@ -9,7 +9,9 @@ anything runs. Light stages run in the task process; stages that load the target
 (eagle3.stages) run ``eagle3 <stage> --config CFG.json --result RESULT.json`` in a supervised
 child that ``on_kill`` stops. Either way the result comes back the same way: the stage's
 summary dict, kept in the run's ``summaries/<task_id>[.<map_index>].json`` (eagle3.layout,
-what the report reads) and pushed to XCom when small.
+what the report reads) and pushed to XCom when small. A failure is kept too, in
+``errors/<task_id>[.<map_index>].json`` (eagle3.report.failures: its first lines are what the
+report, the UI page and the demo print), and removed when a retry succeeds.
 """
 
 from __future__ import annotations
@@ -82,14 +84,37 @@ class Eagle3StageOperator(BaseOperator):
         from eagle3 import storage
         from eagle3.stages import stage
 
-        cfg = self.build_config()
         storage.configure_s3(self.storage_hook.settings)
-        if stage(self.stage).subprocess:
-            result = self._run_child(cfg)
-        else:
-            result = stage(self.stage).function()(cfg)
-        result = self.after(result, context)
+        try:
+            cfg = self.build_config()
+            if stage(self.stage).subprocess:
+                result = self._run_child(cfg)
+            else:
+                result = stage(self.stage).function()(cfg)
+            result = self.after(result, context)
+        except Exception as e:
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            if not isinstance(e, AirflowSkipException):
+                self._keep_error(e, context)
+            raise
         return self._keep(result, context)
+
+    def _layout(self, context):
+        from eagle3.layout import RunLayout
+
+        return RunLayout(self.root, context["dag"].dag_id, context["run_id"])
+
+    def _keep_error(self, error: BaseException, context) -> None:
+        from eagle3.report import failures
+
+        ti = context["ti"]
+        try:
+            name = self.render_template(self.map_index_template, context) if self.map_index_template else None
+            failures.write(self._layout(context), self.task_id, getattr(ti, "map_index", -1),
+                           getattr(ti, "try_number", None), error, name=None if name is None else str(name))
+        except Exception as e:  # noqa: BLE001 (the task's own error is what must surface)
+            self.log.warning("could not keep the error in the run folder: %s", e)
 
     def _run_child(self, cfg) -> dict:
         from eagle3 import storage
@@ -106,12 +131,13 @@ class Eagle3StageOperator(BaseOperator):
 
     def _keep(self, result: dict, context) -> Any:
         from eagle3 import storage
-        from eagle3.layout import RunLayout
+        from eagle3.report import failures
 
         ti = context["ti"]
-        layout = RunLayout(self.root, context["dag"].dag_id, context["run_id"])
+        layout = self._layout(context)
         uri = layout.task_result(self.task_id, getattr(ti, "map_index", -1))
         storage.write_json(uri, result)
+        failures.clear(layout, self.task_id, getattr(ti, "map_index", -1))
         text = json.dumps(result, default=str)
         return json.loads(text) if len(text) <= XCOM_LIMIT else {"result_file": uri, "bytes": len(text)}
 
@@ -124,6 +150,8 @@ class RegenerateOperator(Eagle3StageOperator):
     """Regenerate one dataset. With backend ``openai`` the endpoint and key come from the connection
     ``openai_conn_id`` (host = base URL, password = key), passed to the child's environment only;
     with ``server`` (vllm, sglang) the stage serves the model itself for the task and stops it after.
+    ``restart`` (the regenerate_restart Param) discards earlier answers on the first try only: a retry
+    resumes what the first try regenerated.
 
     :param openai_conn_id: the endpoint's connection (used when the rendered backend is ``openai``).
     """
@@ -132,6 +160,13 @@ class RegenerateOperator(Eagle3StageOperator):
         kwargs.setdefault("stage", "regenerate")
         super().__init__(**kwargs)
         self.openai_conn_id = openai_conn_id
+
+    def execute(self, context) -> Any:
+        if self.config.get("restart") and getattr(context["ti"], "try_number", 1) > 1:
+            self.log.info("retry %s: resuming the answers the first try regenerated (restart only on try 1)",
+                          context["ti"].try_number)
+            self.config = {**self.config, "restart": False}
+        return super().execute(context)
 
     def child_env(self, cfg) -> dict[str, str]:
         env = super().child_env(cfg)
@@ -171,3 +206,57 @@ class PublishOperator(Eagle3StageOperator):
         for outlet in self.outlets:
             context["outlet_events"][outlet].extra = {k: result.get(k) for k in ("location", "acceptance_length")}
         return result
+
+
+class VerifyOperator(Eagle3StageOperator):
+    """The verify gate; also pushes the training mode it chose (XCom key ``training_mode``: offline or online),
+    which the extract and train templates read."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("stage", "verify")
+        super().__init__(**kwargs)
+
+    def after(self, result: dict, context) -> dict:
+        context["ti"].xcom_push(key="training_mode", value=result["training_mode"]["mode"])
+        return result
+
+
+class ExtractOperator(Eagle3StageOperator):
+    """One extraction shard; skipped when verify chose online training (the target then runs inside train).
+
+    :param online: verify's choice as a bool (templated).
+    """
+
+    template_fields = (*Eagle3StageOperator.template_fields, "online")
+
+    def __init__(self, *, online: Any = False, **kwargs: Any) -> None:
+        kwargs.setdefault("stage", "extract")
+        super().__init__(**kwargs)
+        self.online = online
+
+    def execute(self, context) -> Any:
+        if self.online is True:
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            raise AirflowSkipException("verify chose online training: the target runs inside train, no store")
+        return super().execute(context)
+
+
+class ReportOperator(Eagle3StageOperator):
+    """The run's report, with the state of every other task at this moment (``task_states``), so the report
+    names what failed or was skipped."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("stage", "report")
+        super().__init__(**kwargs)
+
+    def execute(self, context) -> Any:
+        from operators.outcome import run_task_states
+
+        try:
+            states = [{"task_id": t, "map_index": i, "state": s} for (t, i), s in run_task_states(context).items()]
+        except Exception as e:  # noqa: BLE001 (the report is written without them)
+            self.log.warning("could not read the run's task states: %s", e)
+            states = None
+        self.config = {**self.config, "task_states": states}
+        return super().execute(context)

@@ -64,9 +64,14 @@ class RecordLog:
                     break
                 made_with = {k: v for k, v in rec["regeneration"].items() if k in self.settings}
                 if made_with != self.settings:
+                    differ = sorted(k for k in self.settings if made_with.get(k) != self.settings[k])
                     raise InputError(
-                        f"{self.path}:{n}: conversation {rec['id']} was regenerated with {made_with}, this run "
-                        f"asks for {self.settings}; use a new --out folder, or pass --restart to redo the dataset"
+                        f"{self.path}:{n}: conversation {rec['id']} was regenerated with "
+                        + ", ".join(f"{k}={made_with.get(k)!r}" for k in differ) + "; this run asks for "
+                        + ", ".join(f"{k}={self.settings[k]!r}" for k in differ) + ". To regenerate the dataset "
+                        "with this run's settings: in the Airflow trigger form, switch on \"Regenerate from "
+                        "scratch\" (regenerate_restart), or set another storage root; on the command line, pass "
+                        "--restart or a new --out folder. To reuse the kept answers, set the settings back."
                     )
                 self.done[rec["id"]] = _summary(rec)
                 good_bytes += len(raw)

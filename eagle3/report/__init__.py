@@ -19,6 +19,9 @@ class ReportConfig:
     """The DAG's id."""
     run_id: str
     """The DAG run's id."""
+    task_states: tuple[dict, ...] | None = None
+    """The run's other tasks at report time, ``[{"task_id", "map_index", "state"}]`` (the Airflow operator
+    passes them), so the report names what failed or was skipped; None: only the kept errors are known."""
 
 
 def report(cfg: ReportConfig) -> dict:

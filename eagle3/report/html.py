@@ -1,5 +1,10 @@
 """report.html: one self-contained page (plots inlined as data: URIs), so it can be
-served from any store, or opened from disk, without its PNG neighbours."""
+served from any store, or opened from disk, without its PNG neighbours.
+
+Every value from an artifact is escaped exactly once, when it becomes a cell (``_cell``); markup this
+module builds itself is a ``_Html`` and passes through unchanged. Wide tables sit in a box that scrolls
+sideways, so nothing is drawn over its neighbours at any width.
+"""
 
 from __future__ import annotations
 
@@ -7,32 +12,48 @@ import base64
 import html
 from typing import Any
 
-from eagle3.acceptance import ordered_sets
+from eagle3.report.summary import headline_rows
 
 _CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1100px;color:#222}
+body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1200px;color:#222}
 h1{font-size:1.4em} h2{font-size:1.1em;margin-top:1.6em;border-bottom:1px solid #ddd}
+.scroll{max-width:100%;overflow-x:auto}
 table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
 th{background:#f4f4f4} td:first-child,th:first-child{text-align:left}
 .ok{color:#0a7d32;font-weight:bold} .bad{color:#b00020;font-weight:bold} .muted{color:#777}
+.failed{border:1px solid #b00020;background:#fff5f5;padding:.4em 1em;margin:.5em 0}
+pre{white-space:pre-wrap;margin:.2em 0}
 img{max-width:100%;border:1px solid #eee;margin:.4em 0}
 """
 
 
-def _fmt(v: Any) -> str:
+class _Html(str):
+    """Markup built here: inserted as it is (never escaped again)."""
+
+
+def _verdict(ok: bool | None, text: str) -> _Html:
+    cls = "muted" if ok is None else ("ok" if ok else "bad")
+    return _Html(f'<span class="{cls}">{html.escape(text)}</span>')
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, _Html):
+        return v
     if v is None:
         return '<span class="muted">n/a</span>'
     if isinstance(v, bool):
-        return f'<span class="{"ok" if v else "bad"}">{v}</span>'
+        return str(_verdict(v, "yes" if v else "no"))
     if isinstance(v, float):
         return f"{v:.3f}" if abs(v) < 1000 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
     return html.escape(str(v))
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    body = "".join("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
 
 
 def _img(plots: dict[str, bytes], name: str, alt: str) -> str:
@@ -45,23 +66,50 @@ def _img(plots: dict[str, bytes], name: str, alt: str) -> str:
 def _interval(point, iv) -> str:
     if point is None:
         return "n/a"
-    return f"{point:.3f}" + (f" [{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "")
+    return f"{point:.3f}" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
 
 
-def _engines_section(ev: dict) -> list[str]:
-    """The draft on each engine (the project decoder, vLLM): τ and P(accept) per position with 95% intervals,
-    and whether the engines disagree more than their prompts allow."""
-    engines = ev.get("engines") or {}
-    if len(engines) < 2:
+def _status_section(status: dict | None) -> list[str]:
+    """The run's failed tasks with their first error lines, then what did not run or was skipped."""
+    if not status:
         return []
-    k = max(len(e.get("accept_rate_by_position") or []) for e in engines.values())
-    rows = [[name, e.get("prompts"), _interval(e.get("tau"), e.get("tau_interval")),
-             *[_interval(r, iv) for r, iv in zip(e.get("accept_rate_by_position") or [], e.get("rate_intervals") or [])],
-             e.get("tokens_per_s_spec"), e.get("tokens_per_s_base"), _fmt(bool(e.get("lossless")))]
-            for name, e in ((n, engines[n]) for n in ev.get("engine_order") or engines)]
-    out = ["<h2>Engines side by side</h2>",
-           _table(["engine", "prompts", "τ [95% CI]", *[f"P(accept) pos {i + 1}" for i in range(k)],
-                   "tok/s spec", "tok/s base", "lossless"], rows)]
+    out = []
+    for f in status.get("failed") or []:
+        lines = "\n".join(f.get("lines") or []) or "(no error recorded: see the task's log)"
+        out.append(f"<div class='failed'><b class='bad'>{html.escape(f['task'])} failed</b>"
+                   f"{' (' + html.escape(str(f['error'])) + ')' if f.get('error') else ''}"
+                   f"<pre>{html.escape(lines)}</pre></div>")
+    if status.get("not_run"):
+        out.append("<p>Did not run because an upstream task failed: "
+                   + ", ".join(f"<code>{html.escape(t)}</code>" for t in status["not_run"]) + "</p>")
+    if status.get("skipped"):
+        out.append("<p class='muted'>Skipped: " + ", ".join(html.escape(t) for t in status["skipped"]) + "</p>")
+    if not out:
+        out.append("<p class='ok'>Every task before the report succeeded.</p>")
+    return ["<h2>Run status</h2>", *out]
+
+
+def _headline_section(ev: dict, cmp: dict) -> list[str]:
+    rows = headline_rows(ev)
+    k = max((len(r["rates"]) for r in rows), default=0)
+    table = []
+    for r in rows:
+        ivs = r.get("rate_intervals") or [None] * len(r["rates"])
+        table.append([r["engine_label"], r["set"], r["prompts"], _interval(r["tau"], r.get("tau_interval")),
+                      *[_interval(a, iv) if iv else a for a, iv in zip(r["rates"], ivs)],
+                      *[None] * (k - len(r["rates"])),
+                      r["tokens_per_s_spec"], r["tokens_per_s_base"], r["speedup"],
+                      _verdict(r["lossless_text"] != "FAILED", r["lossless_text"])])
+    out = [f"<p>τ = tokens emitted per target verification with k = {html.escape(str(ev.get('steps')))} draft "
+           f"steps (at most k+1), on {html.escape(str(ev.get('max_new_tokens')))} new tokens per prompt; the "
+           "speedup is that engine's own speculative tok/s over its baseline tok/s on the same prompts. The first "
+           "row is the headline (the publish gate compares it).</p>",
+           _table(["engine", "prompt set", "prompts", "τ [95% CI]", *[f"P(accept) pos {i + 1}" for i in range(k)],
+                   "tok/s speculative", "tok/s baseline", "speedup", "lossless"], table)]
+    precision = ev.get("precision") or {}
+    out.append(f"<p class='muted'>{html.escape(str(ev.get('backend')))} ran on {html.escape(str(ev.get('device')))} "
+               f"in {html.escape(str(precision.get('name') if isinstance(precision, dict) else precision))}; the "
+               f"trainer's offline estimate of τ at k (held-out split): {_cell(cmp.get('sim_tau'))}.</p>")
     for name, a in (ev.get("agreement") or {}).items():
         verdict = "agree within the intervals" if a.get("agree") else "DISAGREE more than the prompts allow"
         diff = a["tau"]
@@ -75,28 +123,12 @@ def render_html(report: dict, plots: dict[str, bytes]) -> str:
     ev, cmp, pub = report.get("evaluate") or {}, report.get("comparison") or {}, report.get("publish")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(report['title'])}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(report['title'])}</h1>"
-             f"<p class='muted'>written {html.escape(report['created_at'])}</p>"]
+             f"<p class='muted'>written {html.escape(report['created_at'].replace('T', ' ').rstrip('Z'))} UTC</p>"]
+    parts += _status_section(report.get("status"))
 
     parts.append("<h2>Speculative decoding</h2>")
     if ev:
-        parts.append(_table(["metric", "value"], [
-            ["acceptance length τ (tokens per verification)", ev.get("acceptance_length")],
-            ["draft steps k (τ ≤ k+1)", ev.get("steps")],
-            ["lossless (speculative == greedy, every prompt)", ev.get("lossless")],
-            ["tokens/s with speculation", ev.get("tokens_per_s_spec")],
-            ["tokens/s baseline", ev.get("tokens_per_s_base")],
-            ["speedup", ev.get("speedup")],
-            ["offline simulated τ at k (trainer, held-out)", cmp.get("sim_tau")],
-            ["prompts (headline set)", f"{ev.get('num_prompts')} from {ev.get('prompts_source')}"],
-            ["backend / device", f"{ev.get('backend')} / {ev.get('device')} ({ev.get('dtype')})"],
-        ]))
-        sets = dict(ordered_sets(ev))
-        k = max(len(s.get("accept_rate_by_position") or []) for s in sets.values())
-        parts.append(_table(["prompt set", "prompts", "τ", "tok/s spec", "tok/s base", "speedup",
-                             *[f"P(accept) pos {i + 1}" for i in range(k)]],
-                            [[name, s.get("num_prompts"), s.get("acceptance_length"), s.get("tokens_per_s_spec"),
-                              s.get("tokens_per_s_base"), s.get("speedup"), *(s.get("accept_rate_by_position") or [])]
-                             for name, s in sets.items()]))
+        parts += _headline_section(ev, cmp)
     else:
         parts.append("<p class='muted'>No evaluation yet.</p>")
     parts.append(_img(plots, "acceptance.png", "acceptance rate by position"))
@@ -105,7 +137,9 @@ def render_html(report: dict, plots: dict[str, bytes]) -> str:
     parts.append("<h2>Publish gate</h2>")
     if pub:
         prev = (pub.get("compared") or {}).get("previous_best") or {}
-        parts.append(f"<p>{_fmt(bool(pub.get('published')))} — {html.escape(str(pub.get('reason')))}</p>")
+        published = bool(pub.get("published"))
+        parts.append(f"<p>{_verdict(published, 'published' if published else 'not published')} — "
+                     f"{html.escape(str(pub.get('reason')))}</p>")
         parts.append(_table(["", "this draft", "previous best"], [
             ["τ", ev.get("acceptance_length"), prev.get("acceptance_length")],
             ["tokens/s speculative", ev.get("tokens_per_s_spec"), prev.get("tokens_per_s_spec")],
@@ -116,8 +150,6 @@ def render_html(report: dict, plots: dict[str, bytes]) -> str:
             parts.append(f"<p>published to <code>{html.escape(pub['location'])}</code></p>")
     else:
         parts.append("<p class='muted'>No publish decision.</p>")
-
-    parts += _engines_section(ev)
 
     sg = report.get("sglang")
     if sg:

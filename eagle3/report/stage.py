@@ -179,9 +179,12 @@ def plot_comparison(cmp: dict) -> bytes:
 
 def write_report(out: str, *, prepared: str | None = None, stats_dir: str | None = None, merged: str | None = None,
                  checkpoint: str | None = None, evaluation: str | None = None, title: str = "EAGLE-3 run report",
-                 ) -> dict[str, Any]:
-    """Write out/report.json, the PNGs and out/report.html from whatever inputs exist; returns report.json."""
+                 status: dict | None = None) -> dict[str, Any]:
+    """Write out/report.json, the PNGs and out/report.html from whatever inputs exist; returns report.json.
+    ``status``: the run's task outcome (eagle3.report.summary.run_status), shown first."""
     import matplotlib
+
+    from eagle3.report.summary import headline_rows
 
     matplotlib.use("Agg")
     missing, plots = [], {}
@@ -228,6 +231,7 @@ def write_report(out: str, *, prepared: str | None = None, stats_dir: str | None
             "last_eval": last_eval[-1] if last_eval else None},
         "evaluate": None if not ev else {k: v for k, v in ev.items() if k not in ("prompts", "offline")},
         "acceptance_length": (ev or {}).get("acceptance_length"), "lossless": (ev or {}).get("lossless"),
+        "headline": headline_rows(ev), "status": status,
         "comparison": comparison, "publish": decision,
         "sglang": None if not sglang else {k: v for k, v in sglang.items() if k != "phases"},
         "plots": sorted(plots), "missing": missing,
@@ -275,18 +279,23 @@ def _reuse(tasks: dict[str, Any]) -> dict[str, Any]:
 
 def run(cfg) -> dict[str, Any]:
     """The run's report folder from the layout's stage outputs, and run_summary.json (RUN_SUMMARY_SCHEMA)."""
+    from eagle3.report import failures
+    from eagle3.report.summary import run_status
+
     layout = RunLayout(cfg.root, cfg.dag_id, cfg.run_id)
     paths = layout.paths()
+    status = run_status(None if cfg.task_states is None else list(cfg.task_states), failures.read(layout))
     report = write_report(paths["report"], prepared=paths["prepared"], stats_dir=paths["stats"],
                           merged=paths["merged"], checkpoint=paths["checkpoint"], evaluation=paths["eval"],
-                          title=f"EAGLE-3 run report: {cfg.dag_id} / {cfg.run_id}")
+                          title=f"EAGLE-3 run report: {cfg.dag_id} / {cfg.run_id}", status=status)
     tasks = _task_results(layout)
     reuse = _reuse(tasks)
     storage.write_json(storage.join(paths["report"], "reuse.json"), reuse)
     result = {"out": paths["report"], "plots": report["plots"], "missing": report["missing"],
-              "acceptance_length": report["acceptance_length"], "lossless": report["lossless"], "reuse": reuse}
+              "acceptance_length": report["acceptance_length"], "lossless": report["lossless"], "reuse": reuse,
+              "failed": [f["task"] for f in status["failed"]]}
     storage.write_json(layout.summary_file, {
         "schema": RUN_SUMMARY_SCHEMA, "dag_id": cfg.dag_id, "run_id": cfg.run_id, "root": cfg.root,
-        "paths": paths, "tasks": tasks, "reused": reuse, "report": result})
+        "paths": paths, "tasks": tasks, "reused": reuse, "report": result, "status": status})
     log.info("report: %s; reused: %s", paths["report"], reuse)
     return result

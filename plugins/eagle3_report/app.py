@@ -51,30 +51,45 @@ app = FastAPI(title="EAGLE-3 report", dependencies=[Depends(authorized)], docs_u
               openapi_url=None)
 
 
-def run_storage_root(dag_id: str, run_id: str) -> str | None:
-    """The run's `storage_root` param, when it was triggered with one (conf); None means the default root.
+def run_info(dag_id: str, run_id: str) -> dict:
+    """The run as Airflow's metadata DB has it: {"root": its ``storage_root`` param when it was triggered with
+    one (else None: the default root), "state", "tasks": [{"task_id", "map_index", "state", "name"}]}.
 
     A run triggered with another storage root (say an s3:// prefix) keeps its artifacts there, so the page
-    looks where that run wrote. Read from the api-server's metadata DB.
+    looks where that run wrote; the task states say what failed and why a section is missing. Nothing is
+    known (None, None, None) when the DB cannot be read: the page then shows the files alone.
     """
     from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance as TI
     from airflow.utils.session import create_session
     from sqlalchemy import select
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
         with create_session() as session:
-            conf = session.scalar(select(DagRun.conf).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+            found = session.execute(select(DagRun.conf, DagRun.state).where(
+                DagRun.dag_id == dag_id, DagRun.run_id == run_id)).first()
+            rows = session.execute(select(TI.task_id, TI.map_index, TI.state, TI.rendered_map_index).where(
+                TI.dag_id == dag_id, TI.run_id == run_id)).all()
     except SQLAlchemyError as e:
-        log.warning("could not read the conf of %s/%s: %s", dag_id, run_id, e)
-        return None
+        log.warning("could not read the run %s/%s: %s", dag_id, run_id, e)
+        return {"root": None, "state": None, "tasks": None}
+    conf, state = found if found else (None, None)
     root = (conf or {}).get("storage_root") if isinstance(conf, dict) else None
-    return root if isinstance(root, str) and root else None
+    tasks = [{"task_id": t, "map_index": i, "state": str(s) if s else None, "name": n} for t, i, s, n in rows]
+    return {"root": root if isinstance(root, str) and root else None, "state": str(state) if state else None,
+            "tasks": tasks if found else None}
+
+
+def run_storage_root(dag_id: str, run_id: str) -> str | None:
+    """The run's `storage_root` param, when it was triggered with one (conf); None means the default root."""
+    return run_info(dag_id, run_id)["root"]
 
 
 def _load(dag_id: str, run_id: str) -> dict:
     try:
-        return run_files.load_run(dag_id, run_id, root=run_storage_root(dag_id, run_id))
+        info = run_info(dag_id, run_id)
+        return run_files.load_run(dag_id, run_id, root=info["root"], tasks=info["tasks"], state=info["state"])
     except ValueError as e:
         raise HTTPException(status_code=400, detail=str(e)) from e
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -31,6 +32,39 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def fmt_metric(key: str, value: Any) -> str:
+    """``fmt``, with Unix times (``time``, ``*_at``) as UTC dates and tok/s rounded."""
+    if (key == "time" or key.endswith("_at")) and isinstance(value, (int, float)) and value > 1e8:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))
+    return fmt(value)
+
+
+# The task whose output each section shows: a missing section says what happened to it.
+SECTION_TASKS = {"Dataset stats": ("stats", "stats/stats_table.json"), "Gate verdicts": ("verify", "merged/verify.json"),
+                 "Extraction": ("extract", "index-*.json in the store"),
+                 "Training": ("train", "checkpoint/metrics.jsonl"), "Acceptance": ("evaluate", "eval/report.json"),
+                 "Plots": ("report", "a PNG in the report folder")}
+
+
+def missing(run: dict, section: str) -> str:
+    """Why a section has nothing to show, from the state of the task that writes it."""
+    task, what = SECTION_TASKS[section]
+    state = (run.get("task_states") or {}).get(task)
+    if state == "failed":
+        return f"{section} not produced: {task} failed (see Run status above)."
+    if state == "upstream_failed":
+        return f"{section} not produced: {task} did not run, because an upstream task failed."
+    if state == "skipped":
+        return f"{section} not produced: {task} was skipped."
+    if state == "success":
+        return f"{section} not available: {task} succeeded but {what} is missing."
+    if state and state != "none":
+        return f"{section} not yet available: {task} is {state.replace('_', ' ')}."
+    if run.get("state") in ("failed", "success"):
+        return f"{section} not produced: {task} never ran in this run."
+    return f"{section} not yet available ({what} missing)."
+
+
 def dataset_columns(rows: list[dict]) -> list[str]:
     seen = {k for r in rows for k, v in r.items() if not isinstance(v, (dict, list))} - _HIDDEN
     return [c for c in _FIRST if c in seen] + sorted(seen - set(_FIRST))
@@ -40,6 +74,8 @@ def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined)
     env.filters["fmt"] = fmt
+    env.globals["fmt_metric"] = fmt_metric
+    env.globals["missing"] = missing
     return env
 
 

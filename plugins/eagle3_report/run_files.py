@@ -107,7 +107,8 @@ def read_extraction(paths: dict[str, str], tasks: dict) -> dict | None:
 
 
 def read_training(paths: dict[str, str]) -> dict | None:
-    """The last metrics.jsonl event and the newest complete checkpoint step."""
+    """The last metrics.jsonl event (its scalars, and its per-TTT-step lists) and the newest complete
+    checkpoint step."""
     from eagle3.checkpoint import METRICS_FILE, latest_step_dir, read_metrics
 
     ckpt = paths["checkpoint"]
@@ -121,23 +122,34 @@ def read_training(paths: dict[str, str]) -> dict | None:
         return None
     last = events[-1] if events else None
     flat = None if last is None else {k: v for k, v in last.items() if not isinstance(v, (list, dict))}
-    return {"events": len(events), "last": flat, "latest": latest.rsplit("/", 1)[-1] if latest else None}
+    per_step = None if last is None else {k: v for k, v in last.items()
+                                          if isinstance(v, list) and v and all(isinstance(x, (int, float, type(None)))
+                                                                               for x in v)}
+    return {"events": len(events), "last": flat, "per_step": per_step or None,
+            "latest": latest.rsplit("/", 1)[-1] if latest else None}
 
 
 def read_acceptance(paths: dict[str, str]) -> dict | None:
-    """τ and tok/s of this draft against the no-speculation baseline and the previous best draft, from
-    evaluate's eval/report.json and publish's eval/publish.json."""
+    """τ, rates, tok/s and the lossless verdict of every engine and prompt set (eagle3.report.summary, the one
+    place that labels them), against the previous best draft, from evaluate's eval/report.json and publish's
+    eval/publish.json."""
+    from eagle3.report.summary import headline_rows, lossless_text
+
     doc = _read_json(storage.join(paths["eval"], "report.json"))
     if not isinstance(doc, dict):
         return None
     publish = _read_json(storage.join(paths["eval"], "publish.json"))
     publish = publish if isinstance(publish, dict) else {}
     previous = (publish.get("compared") or {}).get("previous_best")
+    precision = doc.get("precision")
     return {
-        "tau": doc.get("acceptance_length"), "lossless": doc.get("lossless"), "speedup": doc.get("speedup"),
+        "rows": headline_rows(doc), "tau": doc.get("acceptance_length"), "lossless": doc.get("lossless"),
+        "lossless_text": lossless_text(doc), "speedup": doc.get("speedup"),
         "tokens_per_s_spec": doc.get("tokens_per_s_spec"), "tokens_per_s_base": doc.get("tokens_per_s_base"),
-        "steps": doc.get("steps"), "prompts": doc.get("num_prompts"), "sim_accept_len": doc.get("sim_accept_len"),
+        "steps": doc.get("steps"), "max_new_tokens": doc.get("max_new_tokens"), "prompts": doc.get("num_prompts"),
+        "sim_accept_len": doc.get("sim_accept_len_k") or doc.get("sim_accept_len"),
         "accept_rate_by_position": doc.get("accept_rate_by_position"),
+        "device": doc.get("device"), "precision": precision.get("name") if isinstance(precision, dict) else precision,
         "previous": previous if isinstance(previous, dict) else None,
         "published": publish.get("published"), "publish_reason": publish.get("reason"),
     }
@@ -162,8 +174,33 @@ def served_files(paths: dict[str, str]) -> dict[str, list[str]]:
     return out
 
 
-def load_run(dag_id: str, run_id: str, root: str | None = None) -> dict:
-    """Everything the page shows for one run; sections are None when their files do not exist yet."""
+_PRECEDENCE = ("failed", "upstream_failed", "running", "queued", "scheduled", "up_for_retry", "deferred", "none",
+               "success", "skipped")
+
+
+def task_states(tasks: list[dict] | None) -> dict[str, str]:
+    """{task_id: state}; a mapped task's instances folded into one (any failed: failed; then any not
+    finished; all skipped: skipped)."""
+    out: dict[str, str] = {}
+    for t in tasks or []:
+        state = t.get("state") or "none"
+        before = out.get(t["task_id"])
+        rank = _PRECEDENCE.index(state) if state in _PRECEDENCE else 7
+        if before is None or rank < (_PRECEDENCE.index(before) if before in _PRECEDENCE else 7):
+            out[t["task_id"]] = state
+    return out
+
+
+def load_run(dag_id: str, run_id: str, root: str | None = None, tasks: list[dict] | None = None,
+             state: str | None = None) -> dict:
+    """Everything the page shows for one run; sections are None when their files do not exist yet.
+
+    ``tasks`` ([{"task_id", "map_index", "state", "name"}]) and ``state`` are the run's task instances and
+    state from Airflow's metadata DB (the app reads them); with them the page says what failed and why a
+    section is missing."""
+    from eagle3.report import failures
+    from eagle3.report.summary import run_status
+
     layout = RunLayout.checked(root or artifacts_root(), dag_id, run_id)
     paths = layout.paths()
     summary = _read_json(layout.summary_file)
@@ -172,13 +209,16 @@ def load_run(dag_id: str, run_id: str, root: str | None = None) -> dict:
                     summary.get("schema"), RUN_SUMMARY_SCHEMA)
         summary = None
     summary = summary or {}
-    empty = {"dag_id": dag_id, "run_id": run_id, "run_dir": layout.dir, "found": False,
+    errors = failures.read(layout)
+    status = run_status(tasks, errors) if tasks is not None or errors else None
+    empty = {"dag_id": dag_id, "run_id": run_id, "run_dir": layout.dir, "found": False, "state": state,
+             "status": status, "task_states": task_states(tasks),
              "has_summary": bool(summary), "paths": paths, "datasets": None, "verify": None, "extraction": None,
              "training": None, "acceptance": None, "reused": [], "plots": [], "report_html": False, "report": {}}
     # No run folder (another DAG, or a run that has not started): show nothing of the shared
     # prepared/ and store/ folders, which would belong to other runs.
     if not summary and not _list(layout.dir):
-        return empty
+        return empty  # (a run that failed before writing anything still shows its status)
     report = _read_json(storage.join(paths["report"], "report.json"))
     reused = summary.get("reused") or {}
     files = served_files(paths)

@@ -40,7 +40,7 @@ def test_parse_imports_nothing_heavy():
 
 def test_stage_order_pools_and_queues(dag):
     order = ["tokenize", "stats", "merge", "verify", "vocab", "extract", "train", "export", "evaluate",
-             "publish", "report"]
+             "publish", "report", "outcome"]
     for up, down in zip(order, order[1:]):
         assert down in dag.task_dict[up].downstream_task_ids, (up, down)
     for tid in ("extract", "train", "evaluate"):
@@ -77,14 +77,51 @@ def test_params_have_titles_and_refuse_bad_values(dag):
 
     for name, param in dag.params.items():
         p = dag.params.get_param(name)
-        assert p.schema.get("title") and p.description, name
-    bad = {"max_seq_len": 3, "draft_vocab_size": "big", "storage_option": "fp4", "steps": 0}
+        assert p.schema.get("title") and p.schema.get("description_md"), name
+    bad = {"max_seq_len": 3, "draft_vocab_size": "big", "storage_option": "fp4", "steps": 0, "epochs": 1.5,
+           "lr": -1, "aux_layers": "1,2"}
     for key, value in bad.items():
         params = ParamsDict(dag.params)
         with pytest.raises(Exception) as err:
             params[key] = value
             params.validate()
-        assert key in str(err.value) or "valid" in str(err.value).lower(), (key, str(err.value))
+        assert key in str(err.value), (key, str(err.value))
+
+
+def test_the_trigger_form_shows_what_the_server_checks(dag):
+    """Airflow's form clamps a number to schema minimum/maximum silently and shows ``description`` as plain text:
+    no Param has top-level bounds (they are in allOf, which the server checks), each says its bounds in its
+    Markdown help, no help shows RST literals, and a null choice has a label."""
+    for name in dag.params:
+        schema = dag.params.get_param(name).schema
+        assert not {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} & set(schema), (name, schema)
+        md = schema["description_md"]
+        assert "``" not in md, (name, md)
+        if schema.get("allOf"):
+            assert "at least" in md or "more than" in md or "at most" in md, (name, md)
+        if None in (schema.get("enum") or []):
+            assert "null" in schema.get("values_display", {}), name
+        if schema.get("type") == "array" and (schema.get("items") or {}).get("enum"):
+            assert schema.get("examples") == schema["items"]["enum"], name  # a multi-select, not a text box
+    assert dag.params.get_param("max_seq_len").schema["allOf"] == [{"minimum": 16, "maximum": 1048576}]
+    assert "An integer, at least 16" in dag.params.get_param("max_seq_len").schema["description_md"]
+
+
+def test_the_dag_doc_diagram_is_a_code_block(dag):
+    assert "```\ndiscover ─►" in dag.doc_md and dag.doc_md.count("```") == 2
+
+
+def test_task_groups_have_no_cycle(dag):
+    """A group on both sides of a task is a cycle between groups: the UI's Graph and Grid fail with HTTP 500
+    (`topological_sort` is what they call)."""
+    groups = [dag.task_group]
+    while groups:
+        group = groups.pop()
+        group.topological_sort()  # raises on a cycle
+        groups += [c for c in group.children.values() if hasattr(c, "children")]
+    discover = dag.task_group.children["discover"]
+    inside = set(discover.children)
+    assert not any(dag.task_dict[t].upstream_task_ids - inside for t in inside if t != "discover.plan")
 
 
 def test_pools_file_defines_gpu_pool():
@@ -120,28 +157,33 @@ def test_every_task_is_the_eagle3_stage_of_its_name(dag):
     from eagle3.stages import STAGES
 
     for task_id, task in dag.task_dict.items():
+        if task_id == "outcome":  # the one task that is no stage: it fails the run when a task failed
+            continue
         name = task_id.split(".")[0]
         assert name in STAGES, task_id
         module = importlib.import_module(f"eagle3.{name}")
         assert callable(getattr(module, name)) and hasattr(module, STAGES[name].config), task_id
         if hasattr(task, "stage"):
             assert task.stage == name or task_id.startswith(task.stage + "."), (task_id, task.stage)
-    assert set(STAGES) == {t.split(".")[0] for t in dag.task_dict}
+    assert set(STAGES) | {"outcome"} == {t.split(".")[0] for t in dag.task_dict}
 
 
-def test_params_take_their_defaults_from_the_stage_configs(dag):
+def test_params_default_to_the_demo_settings_else_the_stage_configs(dag):
+    """One owner per default: eagle3.demo.settings for what the demo sets (so the form's defaults are the demo's
+    run), the stage Config for the rest."""
     from eagle3.config import default
-    from eagle3.extract import ExtractConfig
+    from eagle3.demo import settings
     from eagle3.merge import MergeConfig
     from eagle3.train import TrainConfig
-    from eagle3.vocab import VocabConfig
+    from eagle3.verify import VerifyConfig
 
-    for param, (cls, field) in {"lr": (TrainConfig, "lr"), "train_token_budget": (TrainConfig, "token_budget"),
-                                "extract_token_budget": (ExtractConfig, "token_budget"),
-                                "max_seq_len": (MergeConfig, "max_seq_len"), "epochs": (TrainConfig, "epochs"),
-                                "draft_vocab_size": (VocabConfig, "draft_vocab_size")}.items():
-        assert dag.params[param] == default(cls, field), param
+    for name, value in settings.PARAMS.items():
+        assert dag.params[name] == value, name
+    for param, (cls, field) in {"seed": (TrainConfig, "seed"), "training_mode": (VerifyConfig, "training_mode"),
+                                "max_steps": (TrainConfig, "max_steps")}.items():
+        assert param not in settings.PARAMS and dag.params[param] == default(cls, field), param
     assert dag.params["seed"] == default(TrainConfig, "seed") == default(MergeConfig, "seed")
+    assert dag.params["manifest"].endswith("/demo/manifest.yaml") and dag.params["regenerate_restart"] is False
 
 
 def test_one_precision_param_reaches_every_stage_that_computes(dag):
@@ -170,6 +212,11 @@ def test_params_reach_the_config_with_their_type(dag):
     """render_template_as_native_obj: an int Param renders as an int, a list as a list, None as None."""
     params = {**{k: dag.params[k] for k in dag.params}, "extract_tokens_per_s": 750, "seed": 7,
               "drop": ["long_reports"], "aux_layers": None, "storage_root": "/r", "model": "m"}
+    extract = dag.get_task("extract")
+    for text, layers in ((None, None), (" 1, 14,26 ", [1, 14, 26])):
+        cfg = extract.render_template(extract.partial_kwargs["config"], {**{"params": params, "run_id": "r1"},
+                                      "params": {**params, "aux_layers": text}}, jinja_env=dag.get_template_env())
+        assert cfg["layers"] == layers
     ctx = {"params": params, "run_id": "r1"}
     verify = dag.get_task("verify")
     cfg = verify.render_template(verify.config, ctx, jinja_env=dag.get_template_env())
@@ -196,14 +243,16 @@ class _TI:
     def __init__(self, mode: str):
         self.mode = mode
 
-    def xcom_pull(self, task_ids: str):
-        assert task_ids == "discover.training_mode"
+    def xcom_pull(self, task_ids: str, key: str):
+        assert (task_ids, key) == ("verify", "training_mode")
         return self.mode
 
 
 def test_training_mode_param_reaches_verify_and_online_skips_extract(dag):
-    """verify decides offline/online (eagle3.verify.mode); online maps extract over no shard (skipped), train
-    still runs (none_failed) with online=True and holds the target's GPU slots."""
+    """verify decides offline/online (eagle3.verify.mode) and pushes it; online skips every extract shard,
+    train still runs (none_failed) with online=True and holds the target's GPU slots."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
     from eagle3.config import default
     from eagle3.verify import VerifyConfig
     from eagle3.verify.mode import MODES
@@ -215,17 +264,32 @@ def test_training_mode_param_reaches_verify_and_online_skips_extract(dag):
     verify = dag.get_task("verify")
     cfg = verify.render_template(verify.config, ctx, jinja_env=dag.get_template_env())
     assert cfg["training_mode"] == "auto" and cfg["epochs"] == 3
+    pushed = {}
+    ti = type("TI", (), {"xcom_push": lambda self, key, value: pushed.update({key: value})})()
+    assert verify.after({"training_mode": {"mode": "online"}}, {"ti": ti}) == {"training_mode": {"mode": "online"}}
+    assert pushed == {"training_mode": "online"}
     train = dag.get_task("train")
+    extract = dag.get_task("extract")
     for mode, online in (("online", True), ("offline", False)):
         cfg = train.render_template(train.config, {**ctx, "ti": _TI(mode)}, jinja_env=dag.get_template_env())
         assert cfg["online"] is online and cfg["write_back"] is False
         back = {**ctx, "params": {**ctx["params"], "online_write_back": True}, "ti": _TI(mode)}
         cfg = train.render_template(train.config, back, jinja_env=dag.get_template_env())
         assert cfg["write_back"] is online  # write-back only where training runs online
+        assert extract.render_template(extract.partial_kwargs["online"], {**ctx, "ti": _TI(mode)},
+                                       jinja_env=dag.get_template_env()) is online
     assert train.trigger_rule == "none_failed" and train.pool_slots >= 1
-    shards = dag.get_task("discover.extract_shards")
-    assert "discover.training_mode" in shards.upstream_task_ids and "extract" in shards.downstream_task_ids
-    assert "verify" in dag.get_task("discover.training_mode").upstream_task_ids
-    pick = shards.python_callable
-    assert pick([{"shard": "0/2"}, {"shard": "1/2"}], "online") == []
-    assert pick([{"shard": "0/1"}], "offline") == [{"shard": "0/1"}]
+    assert "verify" in extract.upstream_task_ids or "vocab" in extract.upstream_task_ids
+    from operators.stage import ExtractOperator
+
+    shard = ExtractOperator(task_id="x", root="/r", config={}, online=True)
+    with pytest.raises(AirflowSkipException, match="online"):
+        shard.execute({})
+
+
+def test_report_runs_on_every_outcome_and_outcome_is_the_only_leaf(dag):
+    assert dag.get_task("report").trigger_rule == "all_done"
+    outcome = dag.get_task("outcome")
+    assert outcome.trigger_rule == "all_done" and outcome.upstream_task_ids == {"report"}
+    assert [t.task_id for t in dag.tasks if not t.downstream_task_ids] == ["outcome"]
+    assert outcome.retries == 0

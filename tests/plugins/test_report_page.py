@@ -21,7 +21,8 @@ def client(artifacts, monkeypatch):
     """The app with auth bypassed (auth is tested on its own below and through the real api-server)."""
     monkeypatch.setenv(run_files.ARTIFACTS_ENV, str(artifacts))
     report_app.app.dependency_overrides[report_app.authorized] = lambda: "tester"
-    monkeypatch.setattr(report_app, "run_storage_root", lambda dag_id, run_id: None)  # no metadata DB here
+    # no metadata DB here: the default root, the run's state and tasks unknown
+    monkeypatch.setattr(report_app, "run_info", lambda dag_id, run_id: {"root": None, "state": None, "tasks": None})
     yield TestClient(report_app.app)
     report_app.app.dependency_overrides.clear()
 

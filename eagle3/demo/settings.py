@@ -1,0 +1,47 @@
+"""The demo's settings: the one owner of what `make demo` runs and of the Airflow trigger form's defaults.
+
+`demo/run_demo.py` writes the corpus with ``SCALE`` and ``REGENERATED`` and triggers the DAG with no
+conf beyond the paths; the DAG's Params start from ``PARAMS`` (dags/eagle3_train.py), so a run
+triggered from the form with nothing changed is the demo's run. A Param not named here starts from
+its stage Config's default. Light: no imports beyond the standard library (the DAG file reads it).
+"""
+
+from __future__ import annotations
+
+# Sized for 15 minutes on 2 CPU cores; see README "The demo". Keys are the DAG's Param names.
+PARAMS: dict = {
+    "model": "smollm2-135m-instruct",
+    "drop": ["long_reports"],  # the dataset the stats flag: 6% of the samples, 25% of the tokens
+    "max_seq_len": 1024,
+    "draft_vocab_size": 2048,
+    "ttt_length": 3,
+    "epochs": 3,
+    "lr": 2e-3,
+    "extract_token_budget": 1024,
+    "train_token_budget": 1024,
+    "extract_shards": 2,
+    "extract_tokens_per_s": 750,  # measured here: SmolLM2 fp32 on 2 CPU cores, one shard at a time
+    "train_tokens_per_s": 900,  # measured here: this draft (TTT 3, Vd 2048) fp32 on 2 CPU cores
+    "benchmark_prompts": "humaneval,chat",
+    "benchmark_limit": 5,
+    "max_new_tokens": 64,
+    "steps": 3,
+    "evaluate_compare_with": ["vllm"],  # the project decoder and vLLM on the same prompts (README "vLLM")
+    "regenerate_backend": "openai",
+    "regenerate_server": "vllm",  # each regenerate task serves SmolLM2 in vLLM: 182 vs 58 tok/s of hf here
+    "regenerate_max_tokens": 128,
+    "regenerate_concurrency": 48,
+}
+
+SCALE = 0.15
+"""Demo corpus size multiplier (`eagle3 demo-data --scale`)."""
+REGENERATED = ("coding", "code_completion")
+"""Datasets whose answers SmolLM2 regenerates before tokenizing (chat: does not fit in 15 minutes)."""
+FOLDER = "demo"
+"""The corpus folder under the storage root: <root>/demo/manifest.yaml is the DAG's default manifest."""
+MANIFEST = "manifest.yaml"
+
+
+def manifest_path(root: str) -> str:
+    """The demo manifest under a storage root (eagle3.layout.default_root() for the DAG's default)."""
+    return "/".join([str(root).rstrip("/"), FOLDER, MANIFEST])

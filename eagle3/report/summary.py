@@ -1,0 +1,112 @@
+"""What a run's summary says, in one place: the report page (report.html), the Airflow UI's report tab and
+``make demo`` all print from here, so τ, speedup, their engine and the lossless verdict read the same everywhere.
+
+- ``headline_rows(eval_report)``: one row per engine and prompt set that EVAL/report.json measured, each
+  with τ, the acceptance rates, both throughputs and the speedup *of that engine on that set*, and its
+  lossless verdict.
+- ``lossless_text(d)``: ``lossless_verdict.text`` when evaluate wrote one ("exact", "exact up to N tie flips
+  (bf16)", "FAILED"), else "exact"/"FAILED" from the ``lossless`` bool.
+- ``run_status(task_states, errors)``: which tasks failed (with their first error lines), which did not run
+  because of them, which were skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eagle3.acceptance import ordered_sets
+
+ENGINE_LABELS = {"transformers": "project decoder (transformers)", "vllm": "vLLM", "sglang": "SGLang"}
+
+
+def engine_label(name: str | None) -> str:
+    return ENGINE_LABELS.get(str(name), str(name))
+
+
+def lossless_text(d: dict | None) -> str:
+    """The lossless verdict of a report, an engine or a prompt set, as printed."""
+    d = d or {}
+    verdict = d.get("lossless_verdict")
+    if isinstance(verdict, dict) and verdict.get("text"):
+        return str(verdict["text"])
+    if "lossless" not in d and "lossless_prompts" in d and "num_prompts" in d:
+        return "exact" if d["lossless_prompts"] == d["num_prompts"] else "FAILED"
+    lossless = d.get("lossless")
+    return "n/a" if lossless is None else ("exact" if lossless else "FAILED")
+
+
+def lossless_ok(d: dict | None) -> bool | None:
+    """Whether the verdict passes (exact, or exact up to tie flips); None when there is none."""
+    text = lossless_text(d)
+    return None if text == "n/a" else text != "FAILED"
+
+
+def headline_rows(ev: dict | None) -> list[dict[str, Any]]:
+    """Every (engine, prompt set) figure of an evaluate report.json, the headline (primary engine, first set)
+    first. The primary engine measured every set; the engines it was compared with, the first set only."""
+    if not ev:
+        return []
+    primary = ev.get("backend") or (ev.get("engine_order") or ["?"])[0]
+    engines = ev.get("engines") or {}
+    common = {"steps": ev.get("steps"), "max_new_tokens": ev.get("max_new_tokens")}
+    rows = []
+    for i, (name, s) in enumerate(ordered_sets(ev)):
+        e = engines.get(primary) if i == 0 else None
+        rows.append({
+            **common, "engine": primary, "engine_label": engine_label(primary), "set": name, "headline": i == 0,
+            "prompts": s.get("num_prompts"), "tau": s.get("acceptance_length"),
+            "tau_interval": (e or {}).get("tau_interval"), "rates": s.get("accept_rate_by_position") or [],
+            "rate_intervals": (e or {}).get("rate_intervals"),
+            "tokens_per_s_spec": s.get("tokens_per_s_spec"), "tokens_per_s_base": s.get("tokens_per_s_base"),
+            "speedup": s.get("speedup"), "lossless_text": lossless_text(s if i else {**s, **_verdict_of(ev)}),
+            "precision": (ev.get("precision") or {}).get("name") if isinstance(ev.get("precision"), dict)
+            else ev.get("precision"), "device": ev.get("device")})
+    first = rows[0]["set"] if rows else ev.get("primary_set")
+    for name in ev.get("engine_order") or list(engines):
+        if name == primary or name not in engines:
+            continue
+        e = engines[name]
+        rows.append({
+            **common, "engine": name, "engine_label": engine_label(name), "set": first, "headline": False,
+            "prompts": e.get("prompts"), "tau": e.get("tau"), "tau_interval": e.get("tau_interval"),
+            "rates": e.get("accept_rate_by_position") or [], "rate_intervals": e.get("rate_intervals"),
+            "tokens_per_s_spec": e.get("tokens_per_s_spec"), "tokens_per_s_base": e.get("tokens_per_s_base"),
+            "speedup": e.get("speedup"), "lossless_text": lossless_text(e), "precision": e.get("precision"),
+            "device": None})
+    return rows
+
+
+def _verdict_of(ev: dict) -> dict:
+    """The primary engine's own verdict for its headline set (report.json's top level mixes in every engine's
+    ``lossless`` when engines were compared)."""
+    primary = ev.get("backend")
+    e = (ev.get("engines") or {}).get(primary)
+    if e:
+        return {k: e[k] for k in ("lossless", "lossless_verdict") if k in e}
+    return {k: ev[k] for k in ("lossless", "lossless_verdict") if k in ev}
+
+
+def run_status(task_states: list[dict] | None, errors: dict[tuple[str, int], dict]) -> dict[str, Any]:
+    """{"failed": [{"task", "error", "lines"}], "not_run": [task], "skipped": [task], "counts": {state: n}}.
+
+    ``task_states``: [{"task_id", "map_index", "state", "name"?}] (Airflow's); None when unknown, and then
+    the failures are the kept errors alone."""
+    from eagle3.report.failures import label
+
+    failed, not_run, skipped, counts = [], [], [], {}
+    if task_states is None:
+        task_states = [{"task_id": t, "map_index": i, "state": "failed"} for t, i in errors]
+    for ts in sorted(task_states, key=lambda t: (t["task_id"], t.get("map_index", -1))):
+        state = ts.get("state") or "none"
+        counts[state] = counts.get(state, 0) + 1
+        key = (ts["task_id"], int(ts.get("map_index", -1)))
+        rec = errors.get(key) or {}
+        name = label(key[0], key[1], ts.get("name") or rec.get("name"))
+        if state == "failed":
+            failed.append({"task": name, "error": rec.get("error"), "lines": rec.get("lines") or [],
+                           "try_number": rec.get("try_number")})
+        elif state == "upstream_failed":
+            not_run.append(name)
+        elif state == "skipped":
+            skipped.append(name)
+    return {"failed": failed, "not_run": not_run, "skipped": skipped, "counts": counts}
