@@ -1,8 +1,10 @@
 """`make demo`: the whole eagle3_train DAG on the bundled SmolLM2-135M-Instruct.
 
-Writes the demo corpus, runs `airflow dags test eagle3_train` with the demo
-settings (embedded SQLite Airflow), then prints the stats table, the gate
-verdict, τ, the speedup, the lossless verdict and where the report is.
+Writes the demo corpus, runs `airflow dags test eagle3_train` with the demo settings
+(eagle3/demo/settings.py, which are also the DAG Params' defaults; embedded SQLite Airflow), then
+prints what happened: first every task that failed with the first lines of its error, then the stats
+table, the gate verdict, τ, the speedup and the lossless verdict of each engine, and where the report
+is. Exits non-zero when any task failed. `--data-only` writes the corpus and stops (`make airflow`).
 """
 
 from __future__ import annotations
@@ -16,82 +18,119 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DAG_ID = "eagle3_train"
+if str(REPO) not in sys.path:  # `python demo/run_demo.py` from a fresh shell, as the Makefile runs it
+    sys.path.insert(0, str(REPO))
 
-# Sized for 15 minutes on 2 CPU cores; see README "The demo".
-DEMO_CONF = {
-    "model": "smollm2-135m-instruct",
-    "drop": ["long_reports"],  # the dataset the stats flag: 6% of the samples, 25% of the tokens
-    "max_seq_len": 1024,
-    "draft_vocab_size": 2048,
-    "ttt_length": 3,
-    "epochs": 3,
-    "lr": 2e-3,
-    "extract_token_budget": 1024,
-    "train_token_budget": 1024,
-    "extract_shards": 2,
-    "extract_tokens_per_s": 750,  # measured here: SmolLM2 fp32 on 2 CPU cores, one shard at a time
-    "train_tokens_per_s": 900,  # measured here: this draft (TTT 3, Vd 2048) fp32 on 2 CPU cores
-    "benchmark_prompts": "humaneval,chat",
-    "benchmark_limit": 5,
-    "max_new_tokens": 64,
-    "steps": 3,
-    "evaluate_compare_with": ["vllm"],  # the project decoder and vLLM on the same prompts (README "vLLM")
-    "regenerate_backend": "openai",
-    "regenerate_server": "vllm",  # each regenerate task serves SmolLM2 in vLLM: 182 vs 58 tok/s of hf here
-    "regenerate_max_tokens": 128,
-    "regenerate_concurrency": 48,
-}
-DEMO_SCALE = 0.15
-REGENERATED = "coding,code_completion"  # answers replaced by SmolLM2's own before tokenizing (chat: not in 15 min)
+from eagle3.demo import settings  # noqa: E402 (after the path)
+
+DAG_ID = "eagle3_train"
+SHOWN = ("[DAG TEST] running task", "ETA", "done in", "Marking task as", "ERROR", "Traceback", "error:", "τ",
+         "acceptance")
+
+
+def write_corpus(artifacts: Path, scale: float, env: dict) -> Path:
+    """The demo corpus under <artifacts>/demo (eagle3.demo.settings); returns its manifest."""
+    manifest = Path(settings.manifest_path(str(artifacts)))
+    subprocess.run([sys.executable, "-m", "eagle3.cli", "demo-data", "--out", str(manifest.parent),
+                    "--scale", str(scale), "--regenerate", ",".join(settings.REGENERATED)], check=True, env=env)
+    return manifest
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
-    ap.add_argument("--scale", type=float, default=DEMO_SCALE, help="demo corpus size multiplier")
-    ap.add_argument("--conf", default="{}", help="JSON overriding the demo DAG-run conf")
-    ap.add_argument("--model", default=DEMO_CONF["model"],
+    ap.add_argument("--artifacts", default=os.environ.get("EAGLE3_ARTIFACTS") or str(REPO / "artifacts"))
+    ap.add_argument("--scale", type=float, default=settings.SCALE, help="demo corpus size multiplier")
+    ap.add_argument("--conf", default="{}", help="JSON overriding the DAG Params' defaults (the demo settings)")
+    ap.add_argument("--model", default=settings.PARAMS["model"],
                     help="target: an alias of eagle3.target.ALIASES (smollm2-135m-instruct, gemma3-270m) or a "
                          "model directory; the DAG's `model` param (regenerate, tokenize, extract, train, evaluate)")
+    ap.add_argument("--data-only", action="store_true", help="write the demo corpus (if missing) and stop")
     args = ap.parse_args()
 
     artifacts = Path(args.artifacts).resolve()
-    demo_dir = artifacts / "demo"
-    env = {**os.environ, "EAGLE3_ARTIFACTS": str(artifacts), "PYTHONPATH": str(REPO),
-           "EAGLE3_MANIFEST": str(demo_dir / "manifest.yaml"), "EAGLE3_RETRY_DELAY_S": "5",
+    env = {**os.environ, "EAGLE3_ARTIFACTS": str(artifacts),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+           "EAGLE3_MANIFEST": settings.manifest_path(str(artifacts)), "EAGLE3_RETRY_DELAY_S": "5",
            "EAGLE3_OOM_RETRY_DELAY_S": "2"}
-    bin_dir = Path(sys.executable).parent
+    if args.data_only:
+        if not Path(settings.manifest_path(str(artifacts))).exists():
+            write_corpus(artifacts, args.scale, env)
+        print(f"demo manifest: {settings.manifest_path(str(artifacts))}")
+        return 0
     t0 = time.time()
-    subprocess.run([sys.executable, "-m", "eagle3.cli", "demo-data", "--out", str(demo_dir),
-                    "--scale", str(args.scale), "--regenerate", REGENERATED], check=True, env=env)
-    conf = {**DEMO_CONF, "model": args.model, "manifest": str(demo_dir / "manifest.yaml"),
-            "storage_root": str(artifacts), **json.loads(args.conf)}
+    manifest = write_corpus(artifacts, args.scale, env)
+    # Everything else is the DAG Params' defaults, which are the demo settings.
+    conf = {"model": args.model, "manifest": str(manifest), "storage_root": str(artifacts), **json.loads(args.conf)}
     conf = {k: v for k, v in conf.items() if v is not None}
-    log_path = demo_dir / "dags_test.log"
+    log_path = manifest.parent / "dags_test.log"
     print(f"running `airflow dags test eagle3_train` (full log: {log_path})", flush=True)
+    bin_dir = Path(sys.executable).parent
     with open(log_path, "w") as log:
         proc = subprocess.Popen([str(bin_dir / "airflow"), "dags", "test", DAG_ID, "-c", json.dumps(conf)],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             log.write(line)
-            if any(k in line for k in ("[DAG TEST] running task", "ETA", "done in", "Marking task as", "ERROR", "Traceback",
-                                       "error:", "τ", "acceptance")):
+            if any(k in line for k in SHOWN):
                 print(line.rstrip()[:300], flush=True)
         code = proc.wait()
     minutes = (time.time() - t0) / 60
-    print(f"\n=== demo finished in {minutes:.1f} min (airflow dags test exit {code}) ===")
-    return summarize(artifacts) or code
+    run_dir = newest_run(artifacts)
+    failed, not_run = failures(run_dir, env, bin_dir) if run_dir else ([("the run", ["no run folder"])], [])
+    if failed or code:
+        head = ", ".join(name for name, _ in failed) or f"airflow dags test exit {code}"
+        print(f"\n=== demo FAILED in {minutes:.1f} min: {head} ===")
+        for name, lines in failed:
+            print(f"{name} failed:" + "".join(f"\n    {ln}" for ln in lines[:5]))
+        if not_run:
+            print("did not run (an upstream task failed): " + ", ".join(not_run))
+        print(f"(full log: {log_path})")
+    else:
+        print(f"\n=== demo finished in {minutes:.1f} min: every task succeeded or was skipped ===")
+    if run_dir:
+        summarize(run_dir)
+    return 1 if failed or code else 0
 
 
-def summarize(artifacts: Path) -> int:
-    from eagle3.layout import RunLayout, runs
+def newest_run(artifacts: Path) -> Path | None:
+    from eagle3.layout import runs
 
     found = sorted(Path(runs(str(artifacts), DAG_ID)).glob("*"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        print("no run folder found")
-        return 1
-    run = {k: Path(v) for k, v in RunLayout(str(artifacts), DAG_ID, found[-1].name).paths().items()}
+    return found[-1] if found else None
+
+
+def task_states(run_id: str, env: dict, bin_dir: Path) -> list[dict] | None:
+    """[{"task_id", "map_index", "state"}] of the run, from Airflow (None if it cannot tell)."""
+    out = subprocess.run([str(bin_dir / "airflow"), "tasks", "states-for-dag-run", DAG_ID, run_id, "-o", "json"],
+                         env=env, capture_output=True, text=True)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("[{") or ln.strip() == "[]"]
+    try:
+        rows = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        return None
+    # the CLI prints an unmapped task's map_index as ""
+    return [{"task_id": r["task_id"], "map_index": int(r["map_index"]) if str(r.get("map_index", "")).lstrip(
+        "-").isdigit() else -1, "state": r.get("state")} for r in rows]
+
+
+def failures(run_dir: Path, env: dict, bin_dir: Path) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """([(task, first lines of its error)] of every failed task but outcome, [tasks that did not run])."""
+    from eagle3.layout import RunLayout
+    from eagle3.report import failures as kept
+    from eagle3.report.summary import run_status
+
+    layout = RunLayout(str(run_dir.parents[2]), DAG_ID, run_dir.name)
+    status = run_status(task_states(run_dir.name, env, bin_dir), kept.read(layout))
+    out = [(f["task"], [f"{f['error']}: {f['lines'][0]}", *f["lines"][1:]] if f["lines"] else
+            ["(no error kept in the run folder: see the log)"]) for f in status["failed"]
+           if f["task"] != "outcome"]  # outcome only repeats the others
+    return out, status["not_run"]
+
+
+def summarize(run_dir: Path) -> None:
+    from eagle3.layout import RunLayout
+    from eagle3.report.summary import headline_rows, lossless_text
+
+    run = {k: Path(v) for k, v in RunLayout(str(run_dir.parents[2]), DAG_ID, run_dir.name).paths().items()}
     table = run["stats"] / "stats_table.txt"
     if table.exists():
         print("\n--- dataset statistics ---\n" + table.read_text())
@@ -103,46 +142,25 @@ def summarize(artifacts: Path) -> int:
     report = run["eval"] / "report.json"
     if report.exists():
         r = json.loads(report.read_text())
+        rows = headline_rows(r)
+        print(f"--- evaluation ({r.get('max_new_tokens')} new tokens per prompt, k={r.get('steps')} draft steps; "
+              "each engine's speedup is its speculative over its own baseline tok/s) ---")
+        for row in rows:
+            rates = ", ".join("-" if a is None else f"{a:.2f}" for a in row["rates"])
+            iv = row.get("tau_interval")
+            print(f"{row['engine_label']} on {row['set']} ({row['prompts']} prompts): tau {row['tau']:.3f}"
+                  + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "") + f"; acceptance by position {rates}; "
+                  f"{row['tokens_per_s_spec']:.1f} vs {row['tokens_per_s_base']:.1f} tok/s = "
+                  f"{row['speedup']:.2f}x; lossless: {row['lossless_text']}")
         sim = r.get("sim_accept_len_k")
-        from eagle3.acceptance import ordered_sets
-
-        for name, s in ordered_sets(r):
-            print(f"--- evaluation on {name} ({s.get('num_prompts', '?')} prompts x {r.get('max_new_tokens')} "
-                  f"tokens, k={r.get('steps')} draft steps) ---")
-            print(f"acceptance length tau = {s['acceptance_length']:.3f}")
-            rates = ", ".join("-" if a is None else f"{a:.2f}" for a in s.get("accept_rate_by_position", []))
-            print(f"acceptance rate by draft position: {rates}")
-            print(f"speedup = {s.get('speedup', 0):.2f}x   ({s.get('tokens_per_s_spec', 0):.1f} vs "
-                  f"{s.get('tokens_per_s_base', 0):.1f} tok/s)")
         if sim:
             print(f"trainer's offline estimate on its held-out split: tau {sim:.3f}")
-        print(f"lossless (every prompt of every set) = {r['lossless']}")
-        _print_engines(r)
+        print(f"lossless, every engine and prompt set: {lossless_text(r)}")
+        for name, a in (r.get("agreement") or {}).items():
+            print(f"{name} vs {a['against']}: {'agree' if a['agree'] else 'DISAGREE beyond the intervals'} "
+                  f"(tau difference {a['tau']['difference']:+.3f}, interval {a['tau']['interval']})")
     html = run["report"] / "report.html"
     print(f"report: {html if html.exists() else run['report']}")
-    return 0 if report.exists() else 1
-
-
-def _print_engines(r: dict) -> None:
-    """The draft on the project decoder and on vLLM, side by side (report.json `engines`, `agreement`)."""
-    engines = r.get("engines") or {}
-    if len(engines) < 2:
-        return
-
-    def ci(point, iv) -> str:
-        return "-" if point is None else f"{point:.3f}" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
-
-    print(f"--- engines side by side on {r.get('primary_set')} (95% bootstrap intervals over prompts) ---")
-    for name in r.get("engine_order") or engines:
-        e = engines[name]
-        rates = ", ".join(ci(a, iv) for a, iv in zip(e["accept_rate_by_position"], e["rate_intervals"]))
-        start = e.get("server_start_s")
-        print(f"{name:>12}: tau {ci(e['tau'], e['tau_interval'])}; by position {rates}; "
-              f"{e['tokens_per_s_spec']:.1f} vs {e['tokens_per_s_base']:.1f} tok/s; lossless={e['lossless']}"
-              + (f"; server starts {start['baseline']:.0f} s + {start['eagle3']:.0f} s" if start else ""))
-    for name, a in (r.get("agreement") or {}).items():
-        print(f"{name} vs {a['against']}: {'agree' if a['agree'] else 'DISAGREE beyond the intervals'} "
-              f"(tau difference {a['tau']['difference']:+.3f}, interval {a['tau']['interval']})")
 
 
 if __name__ == "__main__":

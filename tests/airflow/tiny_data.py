@@ -36,9 +36,11 @@ def write_tiny_manifest(root: Path, n_per_dataset: int = 30) -> Path:
 
 
 def tiny_conf(manifest: Path, model: str, storage_root: str, **overrides) -> dict:
-    """DAG-run conf that makes every stage take seconds on the tiny random model."""
+    """DAG-run conf that makes every stage take seconds on the tiny random model. The Params' defaults are the
+    demo's settings (eagle3.demo.settings): its drop list and its vLLM comparison are cleared here."""
     conf = {
-        "model": model, "manifest": str(manifest), "storage_root": storage_root,
+        "model": model, "manifest": str(manifest), "storage_root": storage_root, "drop": [],
+        "evaluate_compare_with": [],
         "max_seq_len": 256, "draft_vocab_size": 512, "ttt_length": 2, "max_steps": 4, "epochs": 1,
         "extract_token_budget": 512, "train_token_budget": 512, "extract_shards": 2, "benchmark_prompts": "humaneval", "benchmark_limit": 2,
         "max_new_tokens": 12, "steps": 2,
