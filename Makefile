@@ -9,7 +9,8 @@ export AIRFLOW_HOME ?= $(CURDIR)/airflow_home
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
-export PYTHONPATH := $(CURDIR)
+# The repo first, then the caller's (tests put a planted failure there, tests/airflow/plant).
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH),)
 # `airflow standalone` starts its components by the name `airflow`: the venv's bin must be on PATH, also from
 # a fresh shell with no venv activated.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
@@ -65,8 +66,12 @@ demo:
 	$(BIN)/python demo/run_demo.py $(DEMO_ARGS) --conf '$(DEMO_CONF)'
 
 # Airflow UI with the project's DAGs and report plugin; password in
-# $(AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated (user admin).
-airflow: airflow-home
+# $(AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated (user admin). The trigger form's defaults are
+# the demo's run, so it needs what the demo needs: the vLLM venv and the demo corpus (written if missing).
+airflow:
+	$(MAKE) -j2 venv vllm
+	$(MAKE) airflow-home
+	$(BIN)/python demo/run_demo.py --data-only
 	$(BIN)/airflow standalone
 
 test:

@@ -197,8 +197,9 @@ def eagle3_train():
         to_regenerate, to_tokenize, to_extract = (f(plan.output) for f in (regenerate_list, tokenize_list,
                                                                               extract_list))
 
+    # The target answers (in-process, or a vLLM/SGLang server the task starts): one GPU slot per dataset.
     regenerate = RegenerateOperator.partial(
-        task_id="regenerate", map_index_template="{{ task.mapped.datasets[0] }}", **common,
+        task_id="regenerate", map_index_template="{{ task.mapped.datasets[0] }}", **GPU, **common,
         config={"manifest": "{{ params.manifest }}", "out": layout.regenerated(ROOT), "model": "{{ params.model }}",
                 "backend": "{{ params.regenerate_backend }}", "server": "{{ params.regenerate_server }}",
                 "max_tokens": "{{ params.regenerate_max_tokens }}", "restart": "{{ params.regenerate_restart }}",

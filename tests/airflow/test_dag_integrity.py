@@ -43,7 +43,7 @@ def test_stage_order_pools_and_queues(dag):
              "publish", "report", "outcome"]
     for up, down in zip(order, order[1:]):
         assert down in dag.task_dict[up].downstream_task_ids, (up, down)
-    for tid in ("extract", "train", "evaluate"):
+    for tid in ("regenerate", "extract", "train", "evaluate"):  # what runs the target or the draft
         assert dag.task_dict[tid].pool == "gpu" and dag.task_dict[tid].queue == "gpu", tid
     for tid in ("tokenize", "merge", "verify", "vocab"):
         assert dag.task_dict[tid].queue == "default" and dag.task_dict[tid].pool == "default_pool", tid
