@@ -40,6 +40,7 @@ from eagle3.merge.config import MergeConfig
 from eagle3.regenerate.config import BACKENDS as REGENERATE_BACKENDS
 from eagle3.regenerate.config import SERVERS as REGENERATE_SERVERS
 from eagle3.regenerate.config import RegenerateConfig
+from eagle3.report.summary import VERDICT_TASK
 from eagle3.stats import StatsConfig
 from eagle3.target import SMOLLM2_ALIAS
 from eagle3.tokenize.config import TokenizeConfig
@@ -151,7 +152,8 @@ PARAMS = form_params({
 GPU = {"pool": "gpu", "queue": "gpu"}
 # verify's choice of training mode (eagle3.verify.mode), as a bool; VerifyOperator pushes it under this key.
 ONLINE = "{{ ti.xcom_pull(task_ids='verify', key='training_mode') == 'online' }}"
-# "1,14,26" -> [1, 14, 26]; empty -> None (the target's default layers)
+# "1,14,26" -> [1, 14, 26]; empty -> None (the target's default layers). A list Param emptied in the form is
+# null: its templates read `params.x or []`.
 LAYERS = "{{ params.aux_layers | layer_ids }}"
 
 
@@ -223,14 +225,14 @@ def eagle3_train():
     merge = Eagle3StageOperator(
         task_id="merge", stage="merge", **common,
         config={"prepared": layout.prepared(ROOT), "out": RUN.folder("merged"), "manifest": "{{ params.manifest }}",
-                "max_seq_len": "{{ params.max_seq_len }}", "seed": "{{ params.seed }}", "drop": "{{ params.drop }}"})
+                "max_seq_len": "{{ params.max_seq_len }}", "seed": "{{ params.seed }}", "drop": "{{ params.drop or [] }}"})
     verify = VerifyOperator(
         task_id="verify", **common,
         config={"merged": RUN.folder("merged"), "model": "{{ params.model }}", "store": layout.store(ROOT),
                 "storage": "{{ params.storage_option }}", "tokens_per_s": "{{ params.extract_tokens_per_s }}",
                 # what this run merged with: a stale merge of another run fails the gate
                 "expect_seed": "{{ params.seed }}", "expect_max_seq_len": "{{ params.max_seq_len }}",
-                "expect_drop": "{{ params.drop }}", "expect_manifest": "{{ params.manifest }}",
+                "expect_drop": "{{ params.drop or [] }}", "expect_manifest": "{{ params.manifest }}",
                 "training_mode": "{{ params.training_mode }}", "epochs": "{{ params.epochs }}",
                 "train_tokens_per_s": "{{ params.train_tokens_per_s }}"})
     vocab = Eagle3StageOperator(
@@ -262,7 +264,7 @@ def eagle3_train():
         task_id="evaluate", stage="evaluate", **GPU, **common,
         config={"model": "{{ params.model }}", "draft": RUN.folder("draft"), "checkpoint": RUN.folder("checkpoint"),
                 "out": RUN.folder("eval"), "backend": "{{ params.evaluate_backend }}",
-                "compare_with": "{{ params.evaluate_compare_with }}",
+                "compare_with": "{{ params.evaluate_compare_with or [] }}",
                 "prompts": "{{ params.benchmark_prompts }}", "steps": "{{ params.steps }}",
                 "limit": "{{ params.benchmark_limit }}", "max_new_tokens": "{{ params.max_new_tokens }}",
                 "precision": "{{ params.precision }}"})
@@ -274,7 +276,7 @@ def eagle3_train():
     report = ReportOperator(
         task_id="report", trigger_rule="all_done", **common,
         config={"root": ROOT, "dag_id": DAG_ID, "run_id": "{{ run_id }}"})
-    outcome = OutcomeOperator(task_id="outcome", trigger_rule="all_done", **common)
+    outcome = OutcomeOperator(task_id=VERDICT_TASK, trigger_rule="all_done", **common)
 
     tokenize >> stats >> merge >> verify >> vocab >> extract >> train >> export >> evaluate >> publish >> report
     report >> outcome

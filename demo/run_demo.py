@@ -121,8 +121,7 @@ def failures(run_dir: Path, env: dict, bin_dir: Path) -> tuple[list[tuple[str, l
     layout = RunLayout(str(run_dir.parents[2]), DAG_ID, run_dir.name)
     status = run_status(task_states(run_dir.name, env, bin_dir), kept.read(layout))
     out = [(f["task"], [f"{f['error']}: {f['lines'][0]}", *f["lines"][1:]] if f["lines"] else
-            ["(no error kept in the run folder: see the log)"]) for f in status["failed"]
-           if f["task"] != "outcome"]  # outcome only repeats the others
+            ["(no error kept in the run folder: see the log)"]) for f in status["failed"]]
     return out, status["not_run"]
 
 

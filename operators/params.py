@@ -19,6 +19,8 @@ what ``form_params`` does about it:
   use RST literals (````hf````), which become Markdown code (```hf```).
 - An enum holding None shows the option as "null"; ``values_display`` gives it a label.
 - An array of enum strings is a free text box unless the array has ``examples``: then it is a multi-select.
+- A field whose type excludes null is "required": emptied, it blocks the Trigger button. An emptied list
+  field sends null, so a list that may be empty also takes null (templates read ``params.x or []``).
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ def form_param(param: Param, default: Any = ...) -> Param:
             _BOUNDS[k].format(v) for k, v in bounds.items()) + "."
     elif "integer" in types_:
         md = (md.rstrip(".") + ". " if md else "") + "An integer."
+    if "array" in types_ and "null" not in types_ and not schema.get("minItems"):
+        schema["type"] = types_ = ["null", *[t for t in types_ if t]]
     enum = (schema.get("items") or {}).get("enum")
     if "array" in types_ and enum and "examples" not in schema:
         schema["examples"] = list(enum)

@@ -16,6 +16,8 @@ from typing import Any
 
 from eagle3.acceptance import ordered_sets
 
+VERDICT_TASK = "outcome"
+"""The DAG's last task: it fails when another task failed, so it is the run's verdict, not one more failure."""
 ENGINE_LABELS = {"transformers": "project decoder (transformers)", "vllm": "vLLM", "sglang": "SGLang"}
 
 
@@ -97,6 +99,8 @@ def run_status(task_states: list[dict] | None, errors: dict[tuple[str, int], dic
     if task_states is None:
         task_states = [{"task_id": t, "map_index": i, "state": "failed"} for t, i in errors]
     for ts in sorted(task_states, key=lambda t: (t["task_id"], t.get("map_index", -1))):
+        if ts["task_id"] == VERDICT_TASK:
+            continue
         state = ts.get("state") or "none"
         counts[state] = counts.get(state, 0) + 1
         key = (ts["task_id"], int(ts.get("map_index", -1)))

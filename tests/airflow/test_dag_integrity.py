@@ -101,8 +101,11 @@ def test_the_trigger_form_shows_what_the_server_checks(dag):
             assert "at least" in md or "more than" in md or "at most" in md, (name, md)
         if None in (schema.get("enum") or []):
             assert "null" in schema.get("values_display", {}), name
-        if schema.get("type") == "array" and (schema.get("items") or {}).get("enum"):
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        if "array" in types and (schema.get("items") or {}).get("enum"):
             assert schema.get("examples") == schema["items"]["enum"], name  # a multi-select, not a text box
+        if "array" in types:  # emptied in the form, a list is null: not "required", and read as []
+            assert "null" in types, name
     assert dag.params.get_param("max_seq_len").schema["allOf"] == [{"minimum": 16, "maximum": 1048576}]
     assert "An integer, at least 16" in dag.params.get_param("max_seq_len").schema["description_md"]
 
@@ -231,6 +234,9 @@ def test_params_reach_the_config_with_their_type(dag):
     merge = dag.get_task("merge")
     cfg = merge.render_template(merge.config, ctx, jinja_env=dag.get_template_env())
     assert cfg["seed"] == 7 and cfg["drop"] == ["long_reports"] and cfg["out"] == "/r/runs/eagle3_train/r1/merged"
+    emptied = merge.render_template(merge.config, {**ctx, "params": {**params, "drop": None}},
+                                    jinja_env=dag.get_template_env())
+    assert emptied["drop"] == []  # a list emptied in the form arrives as null
     from eagle3.config import from_dict
     from eagle3.merge import MergeConfig
 
