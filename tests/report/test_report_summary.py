@@ -1,0 +1,65 @@
+"""What the report page, the UI tab and the demo print: τ, speedup and their engine from one place, the lossless
+verdict per engine (evaluate's lossless_verdict text when it has one), and HTML escaped exactly once."""
+
+from __future__ import annotations
+
+from eagle3.report.html import render_html
+from eagle3.report.summary import headline_rows, lossless_text, run_status
+
+
+def _eval_report() -> dict:
+    """An evaluate report.json of two engines (the shape of eagle3.evaluate.compare.combine)."""
+    sets = {"humaneval": {"acceptance_length": 1.86, "accept_rate_by_position": [0.48, 0.49, 0.62],
+                          "tokens_per_s_spec": 19.2, "tokens_per_s_base": 21.1, "speedup": 0.91, "num_prompts": 5,
+                          "lossless_prompts": 5},
+            "chat": {"acceptance_length": 1.12, "accept_rate_by_position": [0.11, 0.11, 0.0],
+                     "tokens_per_s_spec": 11.5, "tokens_per_s_base": 21.3, "speedup": 0.54, "num_prompts": 5,
+                     "lossless_prompts": 4}}
+    return {**sets["humaneval"], "backend": "transformers", "sets": sets, "set_order": ["humaneval", "chat"],
+            "primary_set": "humaneval", "steps": 3, "max_new_tokens": 64, "lossless": False, "device": "cpu",
+            "precision": {"name": "bfloat16"},
+            "engines": {"transformers": {"tau": 1.86, "tau_interval": [1.55, 2.26], "accept_rate_by_position":
+                                         [0.48, 0.49, 0.62], "tokens_per_s_spec": 19.2, "tokens_per_s_base": 21.1,
+                                         "speedup": 0.91, "lossless": True, "prompts": 5, "precision": "bfloat16",
+                                         "lossless_verdict": {"verdict": "tie_flips", "tie_flips": 2,
+                                                              "text": "exact up to 2 tie flips (bf16)"}},
+                        "vllm": {"tau": 1.86, "tau_interval": [1.55, 2.26], "accept_rate_by_position": [0.48, 0.49, 0.62],
+                                 "tokens_per_s_spec": 25.3, "tokens_per_s_base": 15.4, "speedup": 1.64,
+                                 "lossless": True, "prompts": 5, "precision": "bfloat16"}},
+            "engine_order": ["transformers", "vllm"],
+            "agreement": {"vllm": {"agree": True, "against": "transformers", "same_greedy_output": 5,
+                                   "prompts_compared": 5, "tau": {"difference": 0.0, "interval": [-0.1, 0.1]}}}}
+
+
+def test_headline_rows_pair_each_tau_with_its_own_engine_and_set():
+    rows = headline_rows(_eval_report())
+    got = [(r["engine_label"], r["set"], r["tau"], r["speedup"], r["lossless_text"]) for r in rows]
+    assert got == [("project decoder (transformers)", "humaneval", 1.86, 0.91, "exact up to 2 tie flips (bf16)"),
+                   ("project decoder (transformers)", "chat", 1.12, 0.54, "FAILED"),  # 4 of 5 prompts
+                   ("vLLM", "humaneval", 1.86, 1.64, "exact")]
+    assert rows[0]["headline"] and rows[0]["tau_interval"] == [1.55, 2.26] and not rows[2]["headline"]
+
+
+def test_lossless_text_prefers_evaluates_verdict():
+    assert lossless_text({"lossless": True}) == "exact" and lossless_text({"lossless": False}) == "FAILED"
+    assert lossless_text({}) == "n/a"
+    assert lossless_text({"lossless": False, "lossless_verdict": {"text": "FAILED", "verdict": "failed"}}) == "FAILED"
+
+
+def test_report_html_escapes_artifact_text_once_and_never_its_own_markup():
+    ev = _eval_report()
+    ev["sets"]["<script>x</script>"] = ev["sets"].pop("chat")
+    ev["set_order"] = ["humaneval", "<script>x</script>"]
+    status = run_status([{"task_id": "evaluate", "map_index": -1, "state": "failed"},
+                         {"task_id": "publish", "map_index": -1, "state": "upstream_failed"},
+                         {"task_id": "outcome", "map_index": -1, "state": "failed"}],
+                        {("evaluate", -1): {"error": "GateFailed", "lines": ["vllm: differs <b>here</b>"]}})
+    assert [f["task"] for f in status["failed"]] == ["evaluate"]  # outcome is the verdict, not one more failure
+    page = render_html({"title": "t", "created_at": "2026-12-01T10:00:00Z", "evaluate": ev, "status": status,
+                        "comparison": {"sim_tau": 2.44}}, {})
+    assert '<span class="ok">exact up to 2 tie flips (bf16)</span>' in page
+    assert '<span class="bad">FAILED</span>' in page and "&lt;span" not in page
+    assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert "evaluate failed" in page and "vllm: differs &lt;b&gt;here&lt;/b&gt;" in page
+    assert "<code>publish</code>" in page and "written 2026-12-01 10:00:00 UTC" in page
+    assert page.count("<div class='scroll'><table>") == page.count("<table>") == 1  # each in its own box
