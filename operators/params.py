@@ -73,6 +73,8 @@ def form_param(param: Param, default: Any = ...) -> Param:
     value = param.value if default is ... else default
     md = markdown(param.description or schema.pop("description_md", "") or "")
     types_ = schema.get("type") if isinstance(schema.get("type"), list) else [schema.get("type")]
+    if "null" in types_:  # the form shows a null as an empty field
+        md = re.sub(r"\bNone:", "empty:", md)
     bounds = {k: schema.pop(k) for k in list(_BOUNDS) if k in schema}
     if bounds:
         schema["allOf"] = [*schema.get("allOf", []), bounds]
