@@ -33,11 +33,19 @@ class AirflowUI:
     artifacts: Path
     log: Path
 
+    _token: str | None = None
+
     def token(self) -> str:
+        """A JWT for admin (one per test module: tokens last hours)."""
+        if self._token is None:
+            self._token = self._login()
+        return self._token
+
+    def _login(self) -> str:
         req = urllib.request.Request(f"{self.base}/auth/token", method="POST",
                                      data=json.dumps({"username": "admin", "password": self.password}).encode(),
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=120) as r:
             return json.loads(r.read())["access_token"]
 
 

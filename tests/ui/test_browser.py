@@ -53,9 +53,17 @@ def tiny_form_values(model: str, manifest: Path) -> dict[str, str]:
 
 
 def _api(ui, path: str):
+    """GET an api-server route as admin. The api-server shares 2 cores with the run's tasks: a slow answer is
+    waited for, a timed-out one asked again."""
     req = urllib.request.Request(f"{ui.base}{path}", headers={"Authorization": f"Bearer {ui.token()}"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
+    for attempt in range(3):
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.loads(r.read())
+        except TimeoutError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _shot(page, name: str) -> None:
