@@ -4,11 +4,11 @@
     eagle3 export --checkpoint CKPT --out DRAFT [--step N] [--dtype bfloat16]
 
 CKPT is the trainer's checkpoint folder (latest.json -> step-<n>/ with
-model.safetensors + config.json), or one step folder. DRAFT gets exactly two
-files: config.json (`LlamaForCausalLMEagle3`, one layer, the target's shapes,
-`draft_vocab_size`, `eagle_config.eagle_aux_hidden_state_layer_ids`) and
-model.safetensors (fc, midlayer.*, norm, lm_head, d2t, t2d; no embed_tokens:
-SGLang and vLLM reuse the target's embedding). A full-vocab draft (draft_vocab_size
+model.safetensors + config.json), or one step folder. DRAFT gets config.json
+(`LlamaForCausalLMEagle3`, one layer, the target's shapes, `draft_vocab_size`,
+`eagle_config.eagle_aux_hidden_state_layer_ids`, the EAGLE 3.1 switches), model.safetensors
+(fc, midlayer.*, norm, lm_head, d2t, t2d, and fc_norm.{i} for EAGLE 3.1; no embed_tokens:
+SGLang and vLLM reuse the target's embedding) and checksums.json. A full-vocab draft (draft_vocab_size
 == vocab_size) has no d2t/t2d: the map is the identity, and vLLM refuses a d2t then.
 """
 
@@ -45,6 +45,14 @@ WEIGHT_NAMES: dict[str, str] = {
     "t2d": "t2d",
 }
 REQUIRED_KEYS: list[str] = list(WEIGHT_NAMES.values())
+# EAGLE 3.1 adds one RMSNorm per aux block before fc: vLLM 0.32 loads them as `fc_norm.{i}.weight`
+# (LlamaModel.fc_norm of model_executor/models/llama_eagle3.py) when config.json says `fc_norm: true`.
+WEIGHT_NAMES_3_1: dict[str, str] = {f"fc_norm.{i}.weight": f"fc_norm.{i}.weight" for i in range(3)}
+
+
+def weight_names(variant: str = "eagle3") -> dict[str, str]:
+    """Checkpoint name -> exported name for a draft variant (eagle3.draft.config.DRAFT_VARIANTS)."""
+    return {**WEIGHT_NAMES, **WEIGHT_NAMES_3_1} if variant == "eagle3.1" else dict(WEIGHT_NAMES)
 # Kept in their own dtype: SGLang computes hot tokens as d2t + arange (int64), t2d is a mask.
 INDEX_KEYS = ("d2t", "t2d")
 DTYPES = ("bfloat16", "float16", "float32")
@@ -77,23 +85,24 @@ def read_checkpoint(step_dir: str):
     return DraftConfig.from_dict(raw.get("draft", raw), where=storage.join(step_dir, CONFIG_FILE)), tensors
 
 
-def export_tensors(state: dict[str, Any], dtype: str, where: str) -> dict[str, Any]:
-    """Rename to SGLang's names; refuse missing or unexpected tensors."""
+def export_tensors(state: dict[str, Any], dtype: str, where: str, variant: str = "eagle3") -> dict[str, Any]:
+    """Rename to SGLang's/vLLM's names; refuse missing or unexpected tensors."""
     import torch
 
-    missing = sorted(k for k in WEIGHT_NAMES if k not in state)
-    unexpected = sorted(k for k in state if k not in WEIGHT_NAMES)
+    names = weight_names(variant)
+    missing = sorted(k for k in names if k not in state)
+    unexpected = sorted(k for k in state if k not in names)
     if missing or unexpected:
         raise InputError(
             f"{where}: cannot export; missing tensors {missing}, unexpected tensors {unexpected}. "
-            f"An EAGLE3 draft needs exactly {sorted(WEIGHT_NAMES)} (embed_tokens must not be saved)"
+            f"An {variant} draft needs exactly {sorted(names)} (embed_tokens must not be saved)"
         )
     out = {}
-    for src, dst in WEIGHT_NAMES.items():
+    for src, dst in names.items():
         t = state[src]
         out[dst] = t.contiguous() if src in INDEX_KEYS else t.to(getattr(torch, dtype)).contiguous()
     out["d2t"], out["t2d"] = out["d2t"].to(torch.int64), out["t2d"].to(torch.bool)
-    assert sorted(out) == sorted(REQUIRED_KEYS)
+    assert sorted(out) == sorted(names.values())
     if out["d2t"].shape[0] == out["t2d"].shape[0]:
         # A full-vocab draft (draft vocab = the target's): vLLM then has no draft_id_to_target_id parameter and
         # refuses a d2t tensor ("There is no module or parameter named ..."); SGLang and our loader read no
@@ -165,7 +174,19 @@ def draft_config_json(cfg, dtype: str) -> dict[str, Any]:
         "mlp_bias": False,
         "torch_dtype": dtype,
         **engine_aux_layer_ids(list(cfg.aux_layer_ids)),
+        **variant_keys(cfg),
     }
+
+
+def variant_keys(cfg) -> dict[str, Any]:
+    """The EAGLE 3.1 switches of config.json, as vLLM 0.32 reads them (model_executor/models/llama_eagle3.py):
+    top-level `fc_norm` (an RMSNorm per aux block before fc, weights fc_norm.{i}.weight) and `norm_output`
+    (the next step is fed the post-norm hidden). Written for both variants, so the file says which one it is;
+    `norm_before_fc` (one norm over all 3H) and `norm_before_residual` (the residual stream starts from
+    hidden_norm(h)) are other variants, not trained here, written false. SGLang's LlamaForCausalLMEagle3 reads
+    none of them (docs/draft.md "EAGLE 3.1"): it would run a 3.1 draft as plain EAGLE-3."""
+    return {"draft_variant": cfg.variant, "fc_norm": cfg.fc_norm, "norm_output": cfg.norm_output,
+            "norm_before_fc": False, "norm_before_residual": False}
 
 
 def export(cfg: ExportConfig) -> dict[str, Any]:
@@ -176,7 +197,10 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
 
     step_dir = resolve_step(cfg.checkpoint, cfg.step)
     draft_cfg, state = read_checkpoint(step_dir)
-    tensors = export_tensors(state, cfg.dtype, storage.join(step_dir, "model.safetensors"))
+    tensors = export_tensors(state, cfg.dtype, storage.join(step_dir, "model.safetensors"), draft_cfg.variant)
+    if draft_cfg.variant != "eagle3":
+        log.warning("%s is an %s draft: vLLM (>= 0.32) serves it; SGLang's LlamaForCausalLMEagle3 ignores fc_norm "
+                    "and norm_output and would run it as plain EAGLE-3 (docs/draft.md)", step_dir, draft_cfg.variant)
     full_vocab = "d2t" not in tensors
     if full_vocab and draft_cfg.draft_vocab_size != draft_cfg.vocab_size:
         raise InputError(f"{step_dir}: d2t covers the whole vocabulary but the draft config says draft_vocab_size "
@@ -197,6 +221,7 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
     storage.write_json(storage.join(cfg.out, CHECKSUMS), {"model.safetensors": sha})
     storage.write_json(storage.join(cfg.out, "config.json"), config)
     summary = {"out": cfg.out, "source": step_dir, "tensors": len(tensors), "bytes": size,
+               "draft_variant": draft_cfg.variant,
                "sha256": sha, "dtype": cfg.dtype, "draft_vocab_size": draft_cfg.draft_vocab_size,
                "aux_layer_ids": list(draft_cfg.aux_layer_ids)}
     log.info("exported %s -> %s (%d tensors, %.1f MB)", step_dir, cfg.out, len(tensors), size / 1e6)
@@ -224,6 +249,20 @@ def check_draft(draft_dir: str) -> None:
         storage.check_sha256(uri, want, repair, recorded_in=CHECKSUMS)
 
 
+def exported_variant(config: dict, where: str) -> str:
+    """The draft variant of an exported config.json, from the switches vLLM reads (an export without them
+    is plain EAGLE-3); refuses combinations this project's decoder does not run the way vLLM would."""
+    flags = {k: bool(config.get(k, False)) for k in ("fc_norm", "norm_output", "norm_before_fc",
+                                                       "norm_before_residual")}
+    flags["norm_before_fc"] = bool((config.get("eagle_config") or {}).get("norm_before_fc", flags["norm_before_fc"]))
+    if flags == {"fc_norm": False, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False}:
+        return "eagle3"
+    if flags == {"fc_norm": True, "norm_output": True, "norm_before_fc": False, "norm_before_residual": False}:
+        return "eagle3.1"
+    raise InputError(f"unsupported EAGLE-3 switches {flags}: this project runs eagle3 (all false) and eagle3.1 "
+                     "(fc_norm and norm_output true)", file=where)
+
+
 def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
     """An Eagle3Draft (fp32) from an export's two files plus the target's embedding."""
     import torch
@@ -244,9 +283,10 @@ def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
         draft_vocab_size=c["draft_vocab_size"],
         aux_layer_ids=tuple(trained_aux_layer_ids(c, storage.join(draft_dir, "config.json"))),
         hidden_act=c.get("hidden_act", "silu"),
+        variant=exported_variant(c, storage.join(draft_dir, "config.json")),
     )
     raw = load_file(storage.local_path(storage.join(draft_dir, "model.safetensors")))
-    by_export_name = {v: k for k, v in WEIGHT_NAMES.items()}
+    by_export_name = {v: k for k, v in weight_names(cfg.variant).items()}
     state = {by_export_name.get(k, k): (v if k in INDEX_KEYS else v.float()) for k, v in raw.items()}
     if "d2t" not in state and cfg.draft_vocab_size == cfg.vocab_size:  # a full-vocab export (export_tensors)
         state["d2t"] = torch.zeros(cfg.vocab_size, dtype=torch.int64)

@@ -97,7 +97,7 @@ def build_draft(cfg: DraftConfig, target_dir: str, d2t: torch.Tensor, t2d: torch
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if p.dim() == 1:  # RMSNorm weights (norm, midlayer.*norm, 3.1's fc_norm.{i})
                 p.fill_(1.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * _INIT_STD)

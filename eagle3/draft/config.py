@@ -14,6 +14,10 @@ from eagle3.errors import InputError
 
 # Rope variants the draft implements (eagle3/draft/model.py:rope_inv_freq).
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# Draft architectures (docs/draft.md "EAGLE 3.1"): "eagle3.1" adds an RMSNorm per aux block before fc
+# (vLLM's `fc_norm`) and feeds the post-norm hidden to the next step (vLLM's `norm_output`).
+DRAFT_VARIANTS = ("eagle3", "eagle3.1")
+DEFAULT_DRAFT_VARIANT = "eagle3"
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,9 @@ class DraftConfig:
     """The target's rope scaling dict (`rope_type` linear/llama3) or None."""
     hidden_act: str = "silu"
     """MLP activation: always silu (what LlamaForCausalLMEagle3 in SGLang/vLLM builds), whatever the target's."""
+    variant: str = DEFAULT_DRAFT_VARIANT
+    """Draft architecture: "eagle3", or "eagle3.1" (fc_norm: an RMSNorm per aux block before fc; norm_output:
+    the next step is fed the post-norm hidden). Checkpoints written before this field read as "eagle3"."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (target name, fingerprint); not used by the model."""
 
@@ -74,11 +81,24 @@ class DraftConfig:
             raise InputError(
                 f"DraftConfig.rope_scaling has rope_type={rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
             )
+        if self.variant not in DRAFT_VARIANTS:
+            raise InputError(f"DraftConfig.variant={self.variant!r} is not one of {', '.join(DRAFT_VARIANTS)}")
         object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
+
+    @property
+    def fc_norm(self) -> bool:
+        """An RMSNorm on each aux block before fc (vLLM's `fc_norm`; weights `fc_norm.{i}.weight`)."""
+        return self.variant == "eagle3.1"
+
+    @property
+    def norm_output(self) -> bool:
+        """The next step is fed norm(out) (the hidden the lm_head reads) instead of out (vLLM's `norm_output`)."""
+        return self.variant == "eagle3.1"
 
     @classmethod
     def from_target(cls, target: dict[str, Any], draft_vocab_size: int,
-                    aux_layer_ids: list[int] | None = None, **extra: Any) -> "DraftConfig":
+                    aux_layer_ids: list[int] | None = None, variant: str = DEFAULT_DRAFT_VARIANT,
+                    **extra: Any) -> "DraftConfig":
         """Mirror a target's HF config dict (transformers 4 or 5 layout).
 
         ``aux_layer_ids`` defaults to EAGLE-3's [1, L/2-1, L-4] (layer outputs).
@@ -115,6 +135,7 @@ class DraftConfig:
             # The draft layer is SGLang's and vLLM's LlamaForCausalLMEagle3, whose LlamaMLP takes
             # SiLU only: a GELU target (Gemma) still gets a SiLU draft, trained from its aux states.
             hidden_act="silu",
+            variant=variant,
             extra={"target_model_type": str(target.get("model_type", "")),
                    "target_hidden_act": str(target.get("hidden_act") or target.get("hidden_activation") or "silu"),
                    **extra},
@@ -122,11 +143,12 @@ class DraftConfig:
 
     @classmethod
     def from_target_dir(cls, model_dir: str, draft_vocab_size: int,
-                        aux_layer_ids: list[int] | None = None, **extra: Any) -> "DraftConfig":
+                        aux_layer_ids: list[int] | None = None, variant: str = DEFAULT_DRAFT_VARIANT,
+                        **extra: Any) -> "DraftConfig":
         """`from_target` on ``model_dir/config.json`` (local or s3)."""
         from eagle3.target import read_config
 
-        return cls.from_target(read_config(model_dir), draft_vocab_size, aux_layer_ids, **extra)
+        return cls.from_target(read_config(model_dir), draft_vocab_size, aux_layer_ids, variant, **extra)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict; `from_dict` inverts it. This is the checkpoint's config.json."""

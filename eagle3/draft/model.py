@@ -9,6 +9,9 @@ Shapes (H = target hidden, V = target vocab, Vd = draft vocab):
     out    = h' + mlp(post_attention_layernorm(h'))            the next step's `hidden`
     logits = lm_head(norm(out))                                 [.., Vd]
 
+EAGLE 3.1 (cfg.variant "eagle3.1", vLLM's `fc_norm` + `norm_output`): fc reads
+cat(fc_norm[i](aux block i)) and the next step is fed norm(out) instead of out.
+
 Module names equal SGLang's LlamaForCausalLMEagle3 names (fc, midlayer.*,
 norm, lm_head, d2t, t2d), so `state_dict()` is exactly the checkpoint content;
 the embedding is a non-persistent buffer and never saved.
@@ -192,6 +195,8 @@ class Eagle3Draft(nn.Module):
             )
         self.config = cfg
         self.fc = nn.Linear(3 * h, h, bias=False)
+        if cfg.fc_norm:  # EAGLE 3.1: one RMSNorm per aux block (vLLM's fc_norm.{i})
+            self.fc_norm = nn.ModuleList(RMSNorm(h, cfg.rms_norm_eps) for _ in range(3))
         self.midlayer = DraftLayer(cfg)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, vd, bias=False)
@@ -227,12 +232,21 @@ class Eagle3Draft(nn.Module):
         return F.embedding(input_ids, self.embed_weight).to(self.fc.weight.dtype)
 
     def project_aux(self, aux: torch.Tensor) -> torch.Tensor:
-        """fc: target aux [.., 3H] -> draft hidden [.., H]."""
-        return self.fc(aux.to(self.fc.weight.dtype))
+        """fc: target aux [.., 3H] -> draft hidden [.., H] (3.1: each H block RMS-normed first)."""
+        aux = aux.to(self.fc.weight.dtype)
+        if self.config.fc_norm:
+            aux = torch.cat([norm(block) for norm, block in zip(self.fc_norm, aux.chunk(3, dim=-1))], dim=-1)
+        return self.fc(aux)
 
     def compute_logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
         """Draft-vocab logits [.., Vd] from a step's output hidden."""
         return self.lm_head(self.norm(hidden_out))
+
+    def head(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [.., Vd], the hidden the next step is fed): ``out`` itself, or norm(out) for EAGLE 3.1
+        (vLLM's norm_output: the post-norm hidden that the lm_head reads)."""
+        normed = self.norm(out)
+        return self.lm_head(normed), (normed if self.config.norm_output else out)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map draft-vocab ids to target ids (target_id = i + d2t[i])."""
@@ -255,7 +269,7 @@ class Eagle3Draft(nn.Module):
         input_ids [B,T]; hidden [B,T,3H] (target aux, projected by fc) or
         [B,T,H] (a previous step's hidden_out); position_ids [B,T].
         The new rows attend every cached position and causally each other.
-        Returns (draft logits [B,T,Vd], hidden_out [B,T,H]).
+        Returns (draft logits [B,T,Vd], the next step's hidden [B,T,H]: see `head`).
         """
         hidden = self._hidden_in(hidden)
         layer = self.midlayer
@@ -266,7 +280,7 @@ class Eagle3Draft(nn.Module):
         rows = torch.arange(t, device=q.device)[:, None] + (s - t)
         mask = (torch.arange(s, device=q.device)[None, :] <= rows)[None, None]
         out = layer.finish(hidden, layer.self_attn.attend(q, keys, values, mask))
-        return self.compute_logits(out), out
+        return self.head(out)
 
     # -- training-time test --------------------------------------------------
 
@@ -278,7 +292,7 @@ class Eagle3Draft(nn.Module):
         ``history`` holds (k, v) of earlier steps and gets this step's appended.
         Step 0's keys are attended under ``mask0`` [B,1,T,T] (causal, same
         sample); every later step's keys only at the query's own position.
-        Returns (logits [B,T,Vd], hidden_out [B,T,H]).
+        Returns (logits [B,T,Vd], the next step's hidden [B,T,H]: see `head`).
         """
         hidden = self._hidden_in(hidden)
         layer = self.midlayer
@@ -288,4 +302,4 @@ class Eagle3Draft(nn.Module):
         (k0, v0), later = history[0], history[1:]
         attn = layer.self_attn.attend(q, k0, v0, mask0, [kv[0] for kv in later], [kv[1] for kv in later])
         out = layer.finish(hidden, attn)
-        return self.compute_logits(out), out
+        return self.head(out)

@@ -35,8 +35,8 @@ def make_tiny_draft(seed: int = 0, **over):
     model = Eagle3Draft(cfg, embed, d2t, t2d)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.1 if not name.endswith("norm.weight") else 0.05) +
-                    (1.0 if name.endswith("norm.weight") else 0.0))
+            norm = p.dim() == 1  # RMSNorm weights (3.1's fc_norm.{i} too)
+            p.copy_(torch.randn(p.shape, generator=g) * (0.05 if norm else 0.1) + (1.0 if norm else 0.0))
     return model
 
 
