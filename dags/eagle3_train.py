@@ -32,6 +32,7 @@ from eagle3.demo import settings as demo
 from eagle3.devices import PRECISION_SUMMARY, PRECISIONS
 from eagle3.config import DEFAULT_SEED
 from eagle3.discover import DiscoverConfig
+from eagle3.draft.config import DRAFT_VARIANTS
 from eagle3.evaluate.config import BACKENDS as EVALUATE_BACKENDS
 from eagle3.evaluate.config import COMPARABLE as EVALUATE_COMPARABLE
 from eagle3.evaluate.config import EvaluateConfig
@@ -139,6 +140,8 @@ PARAMS = form_params({
     "epochs": config_param(TrainConfig, "epochs", minimum=1, title="Epochs"),
     "max_steps": config_param(TrainConfig, "max_steps", minimum=0, title="Max steps"),
     "lr": config_param(TrainConfig, "lr", exclusiveMinimum=0, maximum=1, title="Learning rate"),
+    "draft_variant": config_param(TrainConfig, "draft_variant", enum=list(DRAFT_VARIANTS), title="Draft variant"),
+    "train_time_budget": config_param(TrainConfig, "train_time_budget", minimum=0, title="Training time budget (s)"),
     "evaluate_backend": config_param(EvaluateConfig, "backend", enum=list(EVALUATE_BACKENDS),
                                      title="Benchmark engine"),
     "evaluate_compare_with": config_param(EvaluateConfig, "compare_with", items={"type": "string",
@@ -256,6 +259,7 @@ def eagle3_train():
                 "lr": "{{ params.lr }}", "token_budget": "{{ params.train_token_budget }}",
                 "max_steps": "{{ params.max_steps }}", "seed": "{{ params.seed }}",
                 "precision": "{{ params.precision }}",
+                "draft_variant": "{{ params.draft_variant }}", "train_time_budget": "{{ params.train_time_budget }}",
                 "online": ONLINE, "write_back": "{{ params.online_write_back and " + ONLINE[3:]})
     export = Eagle3StageOperator(
         task_id="export", stage="export", **common,

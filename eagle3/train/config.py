@@ -7,9 +7,13 @@ from dataclasses import dataclass
 from eagle3 import storage_options
 from eagle3.config import DEFAULT_SEED
 from eagle3.devices import check_device, check_precision
+from eagle3.draft.config import DEFAULT_DRAFT_VARIANT, DRAFT_VARIANTS
 from eagle3.errors import InputError
 
 INIT_CHOICES = ("target", "random")
+# Optimizer steps timed before a time-budgeted run fixes its step count (the first step is not timed:
+# it pays one-time set-up). See TrainConfig.train_time_budget.
+BUDGET_PROBE_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,16 @@ class TrainConfig:
     """Online mode: also write the samples computed online into the store (shards of task ``online<rank>``),
     so later epochs and later runs read them instead of recomputing them."""
 
+    draft_variant: str = DEFAULT_DRAFT_VARIANT
+    """Draft architecture of a fresh run: "eagle3", or "eagle3.1" (an RMSNorm per aux block before fc, and the
+    post-norm hidden fed to the next TTT step; vLLM serves it, SGLang does not: docs/draft.md). Recorded in the
+    checkpoint's config.json; a resumed run keeps the checkpoint's."""
+    train_time_budget: float = 0.0
+    """Seconds of training (0: off; then epochs/max_steps decide). The run times its first optimizer steps,
+    then fixes the step count (and so the LR schedule) to what fits in the budget, over as many epochs as
+    that takes (``epochs`` is then ignored; ``max_steps`` still caps): a faster machine trains more steps,
+    not faster. The fixed count is stored in the checkpoint, so a resumed run keeps the same schedule."""
+
     def __post_init__(self) -> None:
         positive = ("epochs", "ttt_length", "token_budget", "grad_accum", "keep", "log_every", "save_every")
         for name in positive:
@@ -104,15 +118,29 @@ class TrainConfig:
         if self.online and not (self.merged and self.model):
             raise InputError("TrainConfig.online needs merged (the samples' tokens) and model (the target to run); "
                              "e.g. eagle3 train --online --merged MERGED --model smollm2-135m-instruct ...")
+        if self.draft_variant not in DRAFT_VARIANTS:
+            raise InputError(f"TrainConfig.draft_variant={self.draft_variant!r} is not one of "
+                             f"{', '.join(DRAFT_VARIANTS)}")
+        if not self.train_time_budget >= 0:
+            raise InputError(f"TrainConfig.train_time_budget must be >= 0 seconds (0: off), "
+                             f"got {self.train_time_budget!r}")
         if self.write_back and not self.online:
             raise InputError("TrainConfig.write_back is for online mode only; add --online")
 
 
-def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
-    """Linear warm-up, then cosine from lr to lr * min_lr_ratio; a pure function of the step."""
+def warmup_steps(total: int, cfg: TrainConfig) -> int:
+    """Linear warm-up length for a run of ``total`` steps (at least 1)."""
+    return max(1, int(round(cfg.warmup_ratio * total)))
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig, warmup: int | None = None) -> float:
+    """Linear warm-up, then cosine from lr to lr * min_lr_ratio; a pure function of the step.
+
+    ``warmup`` (default: warmup_steps(total)) is given by time-budgeted runs, whose warm-up is fixed before
+    their total is known."""
     import math
 
-    warmup = max(1, int(round(cfg.warmup_ratio * total)))
+    warmup = warmup_steps(total, cfg) if warmup is None else max(1, int(warmup))
     if step < warmup:
         return cfg.lr * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))

@@ -115,8 +115,8 @@ def load_inputs(cfg: TrainConfig, device: str = "cpu") -> TrainInputs:
         raise InputError(f"the store was extracted from model {stored_fp}, but --target {name} is "
                          f"{model_fingerprint(target_dir)}; pass the target the store was built from",
                          file=storage.join(store.uri, "store.json"))
-    dcfg = DraftConfig.from_target(target_cfg, int(d2t.shape[0]), list(store.layers), target_model=name,
-                                   target_fingerprint=stored_fp)
+    dcfg = DraftConfig.from_target(target_cfg, int(d2t.shape[0]), list(store.layers), cfg.draft_variant,
+                                   target_model=name, target_fingerprint=stored_fp)
     if dcfg.hidden_size != int(store.hidden_size):
         raise InputError(f"store hidden_size {store.hidden_size} != target hidden_size {dcfg.hidden_size}",
                          file=storage.join(store.uri, "store.json"))

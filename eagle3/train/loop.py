@@ -15,6 +15,7 @@ micro-batch and twice the accumulation and raises GpuOutOfMemory (exit 75).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -26,6 +27,7 @@ from eagle3.progress import Progress
 from eagle3 import checkpoint
 from eagle3.checkpoint import state as ckpt_state
 from eagle3.train import data, distributed, objective, oom
+from eagle3.train.budget import TimeBudget
 from eagle3.train.config import TrainConfig, lr_at
 from eagle3.train.inputs import TrainInputs, load_inputs
 
@@ -73,6 +75,12 @@ class Trainer:
             ckpt_state.set_rng_state(self.ckpt.state["rng"])
         self.plans: dict[int, list[list[str]]] = {}
         self.total_steps = self._total_steps()
+        # A time budget fixes total_steps after the first steps (eagle3/train/budget.py); a resumed run keeps
+        # what its checkpoint fixed.
+        self.budget = TimeBudget.start(cfg, self.total_steps) if self.ckpt is None else \
+            TimeBudget.resume(self.ckpt.state, cfg)
+        if self.budget is not None and self.budget.fixed:
+            self.total_steps = self.budget.total_steps
         self.head = inputs.target_head(self.device)
         self.d2t, self.t2d = self.model.d2t, self.model.t2d
         self.metrics = checkpoint.MetricsLog(cfg.out, enabled=dist.is_main, truncate_after=self.step)
@@ -153,9 +161,10 @@ class Trainer:
                 "token_budget": self.micro, "grad_accum": self.accum,
                 "global_tokens": self.global_tokens, "world_size": self.dist.world, "optimizer": opt_meta,
                 "rng": ckpt_state.rng_state(), "total_steps": self.total_steps,
-                "lr": lr_at(max(self.step - 1, 0), self.total_steps, self.cfg),
+                "lr": self._lr(max(self.step - 1, 0)),
                 "schedule": {"kind": "cosine", "warmup_ratio": self.cfg.warmup_ratio,
                              "min_lr_ratio": self.cfg.min_lr_ratio, "peak_lr": self.cfg.lr},
+                "budget": self.budget.to_dict() if self.budget is not None else None,
                 "train_config": {k: getattr(self.cfg, k) for k in self.cfg.__dataclass_fields__},
                 "precision": self.precision.to_dict(),
             }
@@ -163,6 +172,29 @@ class Trainer:
                             self.model.config.to_dict(), keep=self.cfg.keep)
             self.metrics.flush()
         self.dist.barrier()
+
+    def _lr(self, step: int) -> float:
+        return lr_at(step, self.total_steps, self.cfg, self.budget.warmup if self.budget is not None else None)
+
+    def _fix_budget(self, elapsed: float) -> None:
+        """After the timed first steps: total_steps = the steps that fit in the rest of the budget."""
+        mine = self.budget.fix(self.step, elapsed, self._future_tokens(),
+                               sum(self.lengths[s] for s in self.inp.heldout_ids))
+        least = -self.dist.all_reduce(torch.tensor([-float(mine)], dtype=torch.float64), op="max").item()
+        self.budget.agree(int(least))
+        self.total_steps = self.budget.total_steps
+        log.info("time budget %.0f s: %s", self.cfg.train_time_budget, self.budget.describe())
+
+    def _future_tokens(self):
+        """Real tokens of each step from the current position on, over as many epochs as it takes."""
+        epoch, index = self.pos.epoch, self.pos.index
+        while True:
+            batches = self.plan(epoch)
+            for b in batches[index:]:
+                yield sum(self.lengths[s] for s in b)
+            epoch, index = epoch + 1, 0
+            if not batches:
+                return
 
     # -- evaluation ------------------------------------------------------------------
     def evaluate(self) -> dict | None:
@@ -207,7 +239,7 @@ class Trainer:
                             total_tokens=sum(self.lengths[s] for b in todo for s in b))
         run_tokens, t0 = 0, time.monotonic()
         last_eval = None
-        if self.ckpt is not None and self.step >= self.total_steps:
+        if self.ckpt is not None and self.step >= self.total_steps and (self.budget is None or self.budget.fixed):
             # A finished run started again (e.g. a re-triggered task): nothing to train, no duplicate lines.
             log.info("%s is already at step %d of %d; nothing to do", cfg.out, self.step, self.total_steps)
             evals = checkpoint.read_metrics(self.metrics.uri, "eval") if dist.is_main else []
@@ -216,7 +248,13 @@ class Trainer:
                  "grad_accum %d x %d process(es), %d tokens per step, %s compute (%s)", self.total_steps, self.step,
                  len(self.inp.train_ids), len(self.inp.heldout_ids), self.micro, self.accum, dist.world,
                  self.global_tokens, self.precision.name, self.precision.reason)
-        while self.step < self.total_steps:
+        while self.step < self.total_steps or (self.budget is not None and not self.budget.fixed):
+            if self.budget is not None and self.budget.due(self.step):
+                self._fix_budget(time.monotonic() - t0)
+                planned = itertools.islice(self._future_tokens(), max(self.total_steps - self.step, 0))
+                progress.total_tokens = max(progress.tokens + sum(planned), 1)
+                if self.step >= self.total_steps:
+                    break
             batches = self.plan(self.pos.epoch)
             if self.pos.index >= len(batches):
                 self.pos = data.Position(self.pos.epoch + 1, 0)
@@ -232,13 +270,15 @@ class Trainer:
             dist.all_reduce_grads(self.params)
             dist.all_reduce(sums)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
-            lr = lr_at(self.step, self.total_steps, cfg)
+            lr = self._lr(self.step)
             for g in self.opt.param_groups:
                 g["lr"] = lr
             self.opt.step()
             self.step += 1
             self.pos = data.Position(self.pos.epoch, self.pos.index + 1)
             tokens = sum(self.lengths[s] for s in gb)
+            if self.budget is not None:
+                self.budget.record(self.step, tokens, time.monotonic() - t0)
             run_tokens += tokens
             progress.update(samples=len(gb), tokens=tokens)
             if self.step % cfg.log_every == 0 or self.step == self.total_steps:
@@ -268,6 +308,7 @@ class Trainer:
             "heldout_acc": last_eval["acc_i"] if last_eval else None,
             "token_budget": self.micro, "grad_accum": self.accum, "world_size": self.dist.world,
             "epoch": self.pos.epoch, "precision": self.precision.to_dict(),
+            "budget": self.budget.to_dict() if self.budget is not None else None,
             "metrics": self.metrics.uri, **self._mode(),
         }
 

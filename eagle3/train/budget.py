@@ -1,0 +1,112 @@
+"""A training time budget: time the first optimizer steps, then fix the step count that fits.
+
+`TrainConfig.train_time_budget` seconds. The run trains with a provisional schedule while it times
+BUDGET_PROBE_STEPS steps (the first step of a process is not timed: it pays one-time set-up). Then
+`fix` walks the plan's next global batches (over as many epochs as needed) at the measured tokens/s,
+adding each held-out evaluation the schedule will run (a forward only: a third of a training step's
+cost per token) and the final one, and stops where the budget ends: that is `total_steps`, and with
+it the cosine schedule. The warm-up length is fixed at the start (from the epochs-based step count,
+and at least the steps run before the total is known), so those steps ran at the learning rate the
+fixed schedule gives them.
+
+The budget, its measurement and the fixed total are saved in the checkpoint (`train_state.json`
+"budget"); a resumed run, or the retry after an out-of-memory, keeps that total and so the same
+schedule, whatever speed it now runs at. A run killed before the total was fixed times again.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+from eagle3.train.config import BUDGET_PROBE_STEPS, TrainConfig, warmup_steps
+
+EVAL_COST_PER_TOKEN = 1 / 3  # an evaluation runs the TTT forward only: about a third of a training step
+
+
+@dataclass
+class TimeBudget:
+    seconds: float
+    """The budget (TrainConfig.train_time_budget)."""
+    warmup: int
+    """Warm-up steps, fixed at the start."""
+    max_steps: int = 0
+    """TrainConfig.max_steps (0: no cap)."""
+    eval_every: int = 0
+    """TrainConfig.eval_every: evaluations the plan must leave time for."""
+    fixed: bool = False
+    """Whether total_steps is known."""
+    total_steps: int | None = None
+    """The fixed step count."""
+    measured: dict = field(default_factory=dict)
+    """What fixed it: timed steps, seconds, tokens/s, the elapsed time then, the planned seconds."""
+    _from: tuple[int, int, float] | None = None  # (step, tokens so far, elapsed) at the first timed step's start
+    _tokens: int = 0
+
+    @classmethod
+    def start(cls, cfg: TrainConfig, provisional_total: int) -> "TimeBudget | None":
+        if cfg.train_time_budget <= 0:
+            return None
+        # The untimed first step and the timed ones all lie inside the warm-up, whose learning rates do not
+        # depend on the total: every step runs at the rate the fixed schedule gives it.
+        warmup = max(warmup_steps(provisional_total, cfg), BUDGET_PROBE_STEPS + 1)
+        return cls(float(cfg.train_time_budget), warmup, cfg.max_steps, cfg.eval_every)
+
+    @classmethod
+    def resume(cls, state: dict, cfg: TrainConfig) -> "TimeBudget | None":
+        """The checkpoint's budget (None when the run was not budgeted: its schedule stays epochs-based)."""
+        saved = state.get("budget")
+        if not saved:
+            return None
+        return cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__ and not k.startswith("_")})
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+    # -- timing -------------------------------------------------------------------------------
+    def record(self, step: int, tokens: int, elapsed: float) -> None:
+        """After optimizer step ``step`` (1-based) of ``tokens`` real tokens, at ``elapsed`` s into the run."""
+        if self.fixed:
+            return
+        if self._from is None:  # this process's first step: set-up, not timed
+            self._from = (step, 0, elapsed)
+            return
+        self._tokens += tokens
+
+    def due(self, step: int) -> bool:
+        """Whether enough steps were timed to fix the total."""
+        return not self.fixed and self._from is not None and step - self._from[0] >= BUDGET_PROBE_STEPS
+
+    def fix(self, step: int, elapsed: float, future_tokens: Iterable[int], heldout_tokens: int) -> int:
+        """Fix total_steps: ``step`` done after ``elapsed`` s; ``future_tokens`` the real tokens of each next step."""
+        timed_s = max(elapsed - self._from[2], 1e-9)
+        rate = self._tokens / timed_s  # real tokens per second
+        eval_s = heldout_tokens * EVAL_COST_PER_TOKEN / max(rate, 1e-9)
+        left = self.seconds - elapsed - eval_s  # the final evaluation always runs
+        planned, n = 0.0, 0
+        for tokens in future_tokens:
+            if self.max_steps and step + n >= self.max_steps:
+                break
+            cost = tokens / max(rate, 1e-9)
+            if self.eval_every and (step + n + 1) % self.eval_every == 0:
+                cost += eval_s
+            if planned + cost > left:
+                break
+            planned += cost
+            n += 1
+        self.total_steps, self.fixed = step + n, True
+        self.measured = {"timed_steps": step - self._from[0], "timed_seconds": round(timed_s, 3),
+                         "tokens_per_s": round(rate, 1), "fixed_at_step": step, "elapsed_s": round(elapsed, 3),
+                         "planned_seconds": round(planned + eval_s, 3)}
+        return self.total_steps
+
+    def agree(self, total: int) -> None:
+        """Every rank takes the smallest total (they time their own steps; the step count must be one)."""
+        self.total_steps = total
+
+    def describe(self) -> str:
+        m = self.measured
+        return (f"{m['timed_steps']} steps timed at {m['tokens_per_s']:.0f} tok/s; {self.total_steps} steps in all "
+                f"(fixed at step {m['fixed_at_step']}, {m['elapsed_s']:.0f} s in; {m['planned_seconds']:.0f} s "
+                f"planned after that, evaluations included)")

@@ -1,0 +1,102 @@
+"""train_time_budget: the step count (and so the LR schedule) is fixed from the speed of the first steps, a faster
+machine trains more steps in the same budget, and a resumed run keeps the fixed count and the curve."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import types
+
+import pytest
+import torch
+
+from eagle3 import checkpoint
+from eagle3.checkpoint import read_metrics
+from eagle3.errors import InputError
+from eagle3.train import loop
+from eagle3.train.budget import EVAL_COST_PER_TOKEN, TimeBudget
+from eagle3.train.config import BUDGET_PROBE_STEPS, TrainConfig, lr_at
+from tests.train.test_loop import cfg_for, losses
+
+
+def test_fix_walks_the_plan_at_the_measured_speed_hand_computed():
+    cfg = TrainConfig(store="s", vocab="v", out="o", train_time_budget=100.0, eval_every=3, warmup_ratio=0.1)
+    b = TimeBudget.start(cfg, provisional_total=80)
+    assert b.warmup == 8 and not b.fixed
+    assert TimeBudget.start(cfg, provisional_total=10).warmup == BUDGET_PROBE_STEPS + 1  # covers the timed steps
+    b.record(1, 500, 7.0)  # the first step pays set-up: not timed
+    for step in range(2, 2 + BUDGET_PROBE_STEPS):
+        assert not b.due(step - 1)
+        b.record(step, 250, 7.0 + 2.5 * (step - 1))  # 250 tokens in 2.5 s: 100 tok/s
+    step = 1 + BUDGET_PROBE_STEPS
+    assert b.due(step)
+    elapsed = 7.0 + 2.5 * BUDGET_PROBE_STEPS  # 17 s
+    # 100 tok/s; held-out 300 tokens -> an evaluation costs 300 / 3 / 100 = 1 s (the last one always runs).
+    # 100 - 17 - 1 = 82 s left. Next steps of 1,000 tokens cost 10 s each, 11 at steps 6, 9, 12 (an evaluation
+    # follows): steps 6..12 take 11+10+10+11+10+10+11 = 73 s; step 13 would end at 83 > 82 -> 7 steps fit.
+    total = b.fix(step, elapsed, iter([1000] * 100), heldout_tokens=300)
+    assert EVAL_COST_PER_TOKEN == pytest.approx(1 / 3)
+    assert (total, b.total_steps, b.fixed) == (5 + 7, 12, True)
+    assert b.measured["tokens_per_s"] == pytest.approx(100.0)
+    again = TimeBudget.resume({"budget": b.to_dict()}, cfg)
+    assert (again.fixed, again.total_steps, again.warmup) == (True, 12, 8)
+    assert TimeBudget.resume({}, cfg) is None  # a checkpoint of an unbudgeted run keeps its schedule
+    capped = TimeBudget.start(TrainConfig(store="s", vocab="v", out="o", train_time_budget=1e6, max_steps=9), 40)
+    capped.record(1, 10, 0.0)
+    capped.record(2, 10, 1.0)
+    assert capped.fix(2, 1.0, iter([10] * 100), 0) == 9  # max_steps still caps
+    with pytest.raises(InputError, match="train_time_budget"):
+        TrainConfig(store="s", vocab="v", out="o", train_time_budget=-1)
+
+
+class _Clock:
+    """A monotonic clock that advances ``dt`` per reading: the loop reads it a fixed number of times per step,
+    so ``dt`` plays the machine's speed."""
+
+    def __init__(self, dt: float):
+        self.now, self.dt = 0.0, dt
+
+    def monotonic(self) -> float:
+        self.now += self.dt
+        return self.now
+
+
+def _budget_run(monkeypatch, tiny_store, out, dt: float, **kw):
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(monotonic=_Clock(dt).monotonic))
+    return loop.train(cfg_for(tiny_store, out, token_budget=64, train_time_budget=10.0, epochs=1, **kw))
+
+
+def test_a_faster_machine_trains_more_steps_in_the_same_budget(monkeypatch, tiny_store, tmp_path):
+    torch.set_num_threads(1)
+    slow = _budget_run(monkeypatch, tiny_store, tmp_path / "slow", dt=0.5)
+    fast = _budget_run(monkeypatch, tiny_store, tmp_path / "fast", dt=0.125)
+    assert slow["budget"]["fixed"] and fast["budget"]["fixed"]
+    assert slow["steps"] == slow["total_steps"] == slow["budget"]["total_steps"]
+    # 4x the speed: about 4x the steps (the timed steps are spent either way)
+    assert fast["steps"] > 3 * slow["steps"] > 3 * BUDGET_PROBE_STEPS, (slow["steps"], fast["steps"])
+    assert fast["epoch"] >= 1  # (0-based) epochs=1 is ignored: the budget runs as many epochs as fit
+    # The schedule is a cosine over the fixed total: the last step runs at about min_lr_ratio x lr.
+    rows = read_metrics(str(tmp_path / "fast" / "metrics.jsonl"), "train")
+    cfg = cfg_for(tiny_store, tmp_path, train_time_budget=10.0)
+    warm = fast["budget"]["warmup"]
+    assert [r["lr"] for r in rows] == pytest.approx([lr_at(r["step"] - 1, fast["steps"], cfg, warm) for r in rows])
+    with open(checkpoint.latest_step_dir(str(tmp_path / "fast")) + "/train_state.json") as f:
+        state = json.load(f)
+    assert state["budget"]["total_steps"] == state["total_steps"] == fast["steps"]
+
+
+def test_a_resumed_budget_run_keeps_the_fixed_steps_and_the_curve(monkeypatch, tiny_store, tmp_path):
+    torch.set_num_threads(1)
+    ref = _budget_run(monkeypatch, tiny_store, tmp_path / "ref", dt=0.125, save_every=1, keep=1000)
+    assert ref["steps"] > BUDGET_PROBE_STEPS + 4
+    k = BUDGET_PROBE_STEPS + 3  # after the total was fixed
+    out = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "ref", out)
+    for d in out.glob("step-*"):
+        if int(d.name.split("-")[1]) > k:
+            shutil.rmtree(d)
+    (out / "latest.json").write_text(json.dumps({"step": k, "dir": f"step-{k:08d}"}))
+    # A machine 4x slower now: were the total measured again it would shrink; the checkpoint's is kept.
+    done = _budget_run(monkeypatch, tiny_store, out, dt=0.5, save_every=1, keep=1000)
+    assert done["steps"] == ref["steps"]
+    torch.testing.assert_close(torch.tensor(losses(out)), torch.tensor(losses(tmp_path / "ref")), rtol=1e-4, atol=1e-6)
