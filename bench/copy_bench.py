@@ -1,0 +1,123 @@
+"""How much τ the draft loses where the target copies from the prompt, and what a prompt lookup would win back.
+
+For each HumanEval prompt: the target's greedy answer (--max-new-tokens), then one target forward over prompt +
+answer (aux states and logits), then the draft teacher-forced over the same tokens: its TTT chain (the decoder's
+steps, eagle3/draft/ttt.py alignment) predicts, from each answer position t, the tokens t+1 .. t+k. An answer token
+is "copied" when the bigram ending at it occurs in the prompt (the stub's names, argument names, doctest values:
+what prompt-lookup decoding exploits), else "generated". Reported per class: the draft's accuracy at each chain
+step (teacher-forced: the chain is fed the true tokens) and the simulated τ (1 + leading correct steps, capped at
+k, averaged over the answer's start positions, as docs/evaluate.md counts a verification), and two counterfactuals:
+
+- oracle copy: every copied token counted correct (the most any copy mechanism could add);
+- draft + prompt lookup (PLD, Saxena 2023; vLLM's `ngram` method): at each chain step, when the last two tokens
+  (true ones: teacher-forced) occur in the prompt, propose the token that followed their latest occurrence there,
+  else the draft's token. This is offline arithmetic on the same forward, not a decoder: it says what such a
+  hybrid proposer would be worth before building one.
+
+usage: .venv/bin/python bench/copy_bench.py --draft DRAFT [--model smollm2-135m-instruct] [--limit 20]
+       [--max-new-tokens 64] [--steps 3] [--precision float32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def lookup(prompt: list[int], a: int, b: int) -> int | None:
+    """The token after the latest occurrence of bigram (a, b) in ``prompt``."""
+    for j in range(len(prompt) - 2, 0, -1):
+        if prompt[j - 1] == a and prompt[j] == b:
+            return prompt[j + 1]
+    return None
+
+
+def main() -> None:
+    import torch
+
+    from eagle3 import target as target_mod
+    from eagle3.draft.build import load_target_embedding
+    from eagle3.draft.ttt import positions_in_sample, step0_mask
+    from eagle3.evaluate.prompts import encode_prompt, load_prompt_sets
+    from eagle3.evaluate.spec_decode import TargetRunner, eos_token_ids, greedy_generate
+    from eagle3.export import load_exported_draft, trained_aux_layer_ids
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--precision", default="float32")
+    args = ap.parse_args()
+    k = args.steps
+    tdir = target_mod.resolve_model(args.model)
+    tok, model = target_mod.load_tokenizer(tdir), target_mod.load_model(tdir, precision=args.precision)
+    cfg = json.loads((Path(args.draft) / "config.json").read_text())
+    runner = TargetRunner(model, trained_aux_layer_ids(cfg, args.draft))
+    draft = load_exported_draft(args.draft, load_target_embedding(tdir)).eval()
+    eos = eos_token_ids(model, tok)
+    # per class: correct[step], total[step]; tau sums for actual / oracle / hybrid
+    stats = {c: {"correct": [0] * k, "total": [0] * k} for c in ("copied", "generated")}
+    tau = {"draft": [], "oracle_copy": [], "draft+lookup": []}
+    by_class_tau = {"copied": [], "generated": []}
+    for prompt in load_prompt_sets("humaneval", args.limit)["humaneval"]:
+        p_ids = encode_prompt(tok, prompt)
+        out = greedy_generate(runner, p_ids, args.max_new_tokens, eos).tokens
+        ids = p_ids + out
+        with torch.no_grad():
+            _, aux = runner.forward(ids, runner.new_cache(rollback=False), all_logits=True, aux=True)
+            x = torch.tensor(ids)[None]
+            seg = torch.ones_like(x)
+            pos, mask0 = positions_in_sample(seg), step0_mask(seg)
+            hidden, history, preds = draft.project_aux(aux[None].float()), [], []
+            for i in range(k):  # the TTT chain: step i at t reads x_{t+1+i}, predicts x_{t+2+i}
+                shifted = torch.cat([x[:, 1 + i:], torch.zeros_like(x[:, :1 + i])], dim=1)
+                logits, hidden = draft.ttt_step(shifted, hidden, pos + i, history, mask0)
+                preds.append(draft.draft_to_target(logits[0].argmax(-1)).tolist())
+        n_p = len(p_ids)
+        prompt_bigrams = set(zip(p_ids, p_ids[1:]))
+        copied = [(ids[j - 1], ids[j]) in prompt_bigrams for j in range(len(ids))]
+        # a verification whose root sits at answer position r (the target just emitted ids[r]): the draft at
+        # t = r - 1 proposes ids[r+1] at step 0, ids[r+2] at step 1, ...
+        for r in range(n_p, len(ids) - 1):
+            t = r - 1
+            lead = {"draft": 0, "oracle_copy": 0, "draft+lookup": 0}
+            alive = dict.fromkeys(lead, True)
+            for i in range(k):
+                j = t + 2 + i  # the token step i predicts
+                if j >= len(ids):
+                    break
+                ok = preds[i][t] == ids[j]
+                cls = "copied" if copied[j] else "generated"
+                stats[cls]["correct"][i] += ok
+                stats[cls]["total"][i] += 1
+                hit = lookup(p_ids, ids[j - 2], ids[j - 1])
+                for name, good in (("draft", ok), ("oracle_copy", ok or copied[j]),
+                                   ("draft+lookup", (hit == ids[j]) if hit is not None else ok)):
+                    alive[name] = alive[name] and good
+                    lead[name] += alive[name]
+            for name in lead:
+                tau[name].append(1 + lead[name])
+            by_class_tau["copied" if copied[r + 1] else "generated"].append(1 + lead["draft"])
+    report = {
+        "prompts": args.limit, "steps": k, "max_new_tokens": args.max_new_tokens,
+        "accuracy": {c: [round(s["correct"][i] / max(s["total"][i], 1), 3) for i in range(k)] for c, s in stats.items()},
+        "tokens": {c: s["total"][0] for c, s in stats.items()},
+        "copied_share": round(stats["copied"]["total"][0] / max(1, sum(s["total"][0] for s in stats.values())), 3),
+        "tau": {name: round(sum(v) / max(len(v), 1), 3) for name, v in tau.items()},
+        "tau_by_first_token_class": {c: round(sum(v) / max(len(v), 1), 3) for c, v in by_class_tau.items()},
+    }
+    print(json.dumps(report, indent=1))
+    print(f"copied tokens: {100 * report['copied_share']:.0f}% of the answers; draft accuracy by step: copied "
+          f"{report['accuracy']['copied']}, generated {report['accuracy']['generated']}")
+    print(f"simulated tau (teacher-forced, k={k}): draft {report['tau']['draft']:.3f}, every copy right "
+          f"{report['tau']['oracle_copy']:.3f}, draft + prompt lookup {report['tau']['draft+lookup']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
