@@ -112,7 +112,7 @@ class Trainer:
                 target_logits, in_draft = objective.targets(batch, self.head, self.d2t, self.t2d)
             with torch.set_grad_enabled(grad):
                 res = objective.ttt_sums(self.model, batch, target_logits, in_draft, denominators.to(self.device),
-                                         self.cfg.ttt_length)
+                                         self.cfg.ttt_length, compiled=self.cfg.compile)
         if grad:
             res.loss.backward()
         return res

@@ -54,8 +54,23 @@ def targets(batch: dict, lm_head: torch.Tensor, d2t: torch.Tensor, t2d: torch.Te
     return logits[..., :-1], where[..., 0] >= 0
 
 
+_COMPILED: dict[str, object] = {}
+
+
+def ttt_function(compiled: bool):
+    """`ttt.ttt_forward`, or one torch.compile of it per process (dynamic shapes: micro-batches differ in rows and
+    length). Inductor fuses the TTT loop's elementwise work (norms, rope, masks, softmax, the soft cross-entropy)
+    into C++ kernels: bench/peer_bench.py --compile measures the gain next to the eager step."""
+    if not compiled:
+        return ttt.ttt_forward
+    if "ttt" not in _COMPILED:
+        _COMPILED["ttt"] = torch.compile(ttt.ttt_forward, dynamic=True)
+    return _COMPILED["ttt"]
+
+
 def ttt_sums(draft, batch: dict, target_logits: torch.Tensor, in_draft: torch.Tensor,
-             denominators: torch.Tensor, ttt_length: int) -> ttt.TTTResult:
+             denominators: torch.Tensor, ttt_length: int, compiled: bool = False) -> ttt.TTTResult:
     """TTT over one collated micro-batch with the loss divided by the global ``denominators``."""
-    return ttt.ttt_forward(draft, batch["input_ids"], batch["aux"], target_logits, in_draft, batch["loss_mask"],
-                           batch["attention_mask"].long(), ttt_length=ttt_length, normalizer=denominators)
+    return ttt_function(compiled)(draft, batch["input_ids"], batch["aux"], target_logits, in_draft,
+                                  batch["loss_mask"], batch["attention_mask"].long(), ttt_length=ttt_length,
+                                  normalizer=denominators)
