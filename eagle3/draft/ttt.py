@@ -36,7 +36,8 @@ DEFAULT_STEP_DECAY = 0.8  # step i's loss weight is 0.8 ** i
 
 def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
                      norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                     chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk: int = 1024, known_in_draft: torch.Tensor | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss's target inputs from the store's `last` states.
 
     last [.., H] is the final-norm hidden (pass ``norm_weight`` only if it is
@@ -44,10 +45,16 @@ def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torc
     logits at the draft vocab's target ids, target_argmax_in_draft [..] bool:
     the full-vocab argmax lies in the draft vocab). Works in row chunks so the
     full [T, V] logits never exist at once.
+
+    The draft-vocab logits are always the Vd-row product (the same bits either
+    way). Only the in-draft mask needs the full [V, H] head; ``known_in_draft``
+    (the mask of an earlier call on the same states: the trainer keeps it per
+    sample after the first epoch) skips that product, V/Vd times the work.
     """
     draft_ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t
     flat = last.reshape(-1, last.shape[-1])
     w = lm_head_weight.float()
+    w_d = w[draft_ids]
     logits_d, in_draft = [], []
     # The soft labels are computed in fp32 even when the caller runs under bf16 autocast
     # (the training step does on CUDA): autocast would run `x @ w.T` in bf16 whatever the
@@ -57,12 +64,15 @@ def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torc
             x = rows.float()
             if norm_weight is not None:
                 x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
-            full = x @ w.T
-            logits_d.append(full[:, draft_ids])
-            in_draft.append(t2d[full.argmax(-1)])
+            logits_d.append(x @ w_d.T)
+            if known_in_draft is None:
+                in_draft.append(t2d[(x @ w.T).argmax(-1)])
     shape = last.shape[:-1]
-    return (torch.cat(logits_d).reshape(*shape, -1) if logits_d else last.new_zeros(*shape, d2t.shape[0]),
-            torch.cat(in_draft).reshape(shape) if in_draft else torch.zeros(shape, dtype=torch.bool))
+    if known_in_draft is not None:
+        mask = known_in_draft.reshape(shape).to(torch.bool)
+    else:
+        mask = torch.cat(in_draft).reshape(shape) if in_draft else torch.zeros(shape, dtype=torch.bool)
+    return (torch.cat(logits_d).reshape(*shape, -1) if logits_d else last.new_zeros(*shape, d2t.shape[0]), mask)
 
 
 

@@ -82,6 +82,7 @@ class Trainer:
         if self.budget is not None and self.budget.fixed:
             self.total_steps = self.budget.total_steps
         self.head = inputs.target_head(self.device)
+        self.in_draft = objective.InDraftCache()  # the full-vocab head runs once per sample (objective.py)
         self.d2t, self.t2d = self.model.d2t, self.model.t2d
         self.metrics = checkpoint.MetricsLog(cfg.out, enabled=dist.is_main, truncate_after=self.step)
         from eagle3.devices import resolve_precision
@@ -109,7 +110,11 @@ class Trainer:
         batch = data.collate(self.inp.store, ids, self.device)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision.bf16):
             with torch.no_grad():
-                target_logits, in_draft = objective.targets(batch, self.head, self.d2t, self.t2d)
+                known = self.in_draft.get(ids, batch["input_ids"].shape[1])
+                target_logits, in_draft = objective.targets(batch, self.head, self.d2t, self.t2d,
+                                                            None if known is None else known.to(self.device))
+                if known is None:
+                    self.in_draft.put(ids, in_draft, batch["attention_mask"])
             with torch.set_grad_enabled(grad):
                 res = objective.ttt_sums(self.model, batch, target_logits, in_draft, denominators.to(self.device),
                                          self.cfg.ttt_length, compiled=self.cfg.compile)

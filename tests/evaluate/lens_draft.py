@@ -21,8 +21,9 @@ import json
 from pathlib import Path
 
 
-def fit_to_embedding(target_dir: str, layer: int, texts: list[str], ridge: float = 1e-2):
-    """W (h×h) with W·(output of ``layer`` at t) ≈ embedding of token t, ridge least squares over ``texts``."""
+def fit_to_embedding(target_dir: str, layer: int, texts: list[str], ridge: float = 1e-2, transform=None):
+    """W (h×h) with W·(output of ``layer`` at t) ≈ embedding of token t, ridge least squares over ``texts``
+    (the states go through ``transform`` first: what the draft applies before fc)."""
     import torch
 
     from eagle3.target import load_model, load_tokenizer
@@ -33,7 +34,8 @@ def fit_to_embedding(target_dir: str, layer: int, texts: list[str], ridge: float
         for text in texts:
             ids = torch.tensor([tok(text)["input_ids"]])
             states = model(ids, output_hidden_states=True).hidden_states  # [0] embeddings, [k+1] layer k
-            xs.append(states[layer + 1][0, 1:].double())  # position 0 is the attention sink: left out
+            x = states[layer + 1][0, 1:]  # position 0 is the attention sink: left out
+            xs.append((transform(x) if transform else x).double())
             ys.append(states[0][0, 1:].double())
     x, y = torch.cat(xs), torch.cat(ys)
     gram = x.T @ x
@@ -42,8 +44,12 @@ def fit_to_embedding(target_dir: str, layer: int, texts: list[str], ridge: float
 
 
 def lens_draft(target_dir: str, out: Path, aux: tuple[int, int, int], slot: int = 0, config_aux=None,
-               fit_texts: list[str] | None = None) -> str:
-    """Write DRAFT to ``out``; ``config_aux`` (default ``aux``) is what its config.json claims it was trained on."""
+               fit_texts: list[str] | None = None, variant: str = "eagle3") -> str:
+    """Write DRAFT to ``out``; ``config_aux`` (default ``aux``) is what its config.json claims it was trained on.
+
+    ``variant="eagle3.1"``: the block goes through fc_norm first, whose weight is a gain g with every other sign
+    flipped (W is fitted on g * x / rms(x)), so an engine that skipped fc_norm would feed W another vector and
+    lose the lens."""
     import torch
     from safetensors.torch import save_file
 
@@ -53,18 +59,27 @@ def lens_draft(target_dir: str, out: Path, aux: tuple[int, int, int], slot: int 
     from eagle3.target import vocab_size
 
     v = vocab_size(target_dir)
-    cfg = DraftConfig.from_target_dir(target_dir, draft_vocab_size=v, aux_layer_ids=list(aux))
+    cfg = DraftConfig.from_target_dir(target_dir, draft_vocab_size=v, aux_layer_ids=list(aux), variant=variant)
     draft = build_draft(cfg, target_dir, torch.zeros(v, dtype=torch.long), torch.ones(v, dtype=torch.bool),
                         init="target", seed=1)
     h = cfg.hidden_size
-    block = fit_to_embedding(target_dir, aux[slot], fit_texts) if fit_texts else torch.eye(h)
+    transform = None
+    if cfg.fc_norm:
+        k = torch.arange(h, dtype=torch.float32)
+        gain = torch.where(k % 2 == 0, 1.0, -1.0) * (1.0 + 0.25 * torch.sin(k))  # half the signs flipped
+        with torch.no_grad():
+            draft.fc_norm[slot].weight.copy_(gain)
+        norm = draft.fc_norm[slot]
+        transform = lambda x: norm(x.float()).detach()  # noqa: E731 - what the draft applies before fc
+    block = fit_to_embedding(target_dir, aux[slot], fit_texts, transform=transform) if fit_texts else torch.eye(h)
     with torch.no_grad():
         draft.midlayer.self_attn.o_proj.weight.zero_()
         draft.midlayer.mlp.down_proj.weight.zero_()
         draft.fc.weight.zero_()
         draft.fc.weight[:, slot * h:(slot + 1) * h].copy_(block)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(export_tensors(draft.state_dict(), "float32", "lens draft"), str(out / "model.safetensors"))
-    claimed = DraftConfig.from_target_dir(target_dir, draft_vocab_size=v, aux_layer_ids=list(config_aux or aux))
+    save_file(export_tensors(draft.state_dict(), "float32", "lens draft", variant), str(out / "model.safetensors"))
+    claimed = DraftConfig.from_target_dir(target_dir, draft_vocab_size=v, aux_layer_ids=list(config_aux or aux),
+                                          variant=variant)
     (out / "config.json").write_text(json.dumps(draft_config_json(claimed, "float32")))
     return str(out)

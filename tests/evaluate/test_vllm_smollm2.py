@@ -4,7 +4,11 @@ project decoder's exactly. The draft reads NON-default aux layers and is fitted 
 when fed the layer it was fitted on (tests/evaluate/lens_draft.py); the old export (only eagle_config, which
 vLLM takes one layer too early) must lose that acceptance.
 
-Three vLLM starts (baseline, EAGLE-3, EAGLE-3 on the old export), --enforce-eager, shared by the tests of
+The draft of the two-engine run is an EAGLE 3.1 draft (fc_norm with a non-uniform gain the lens was fitted
+through, norm_output): vLLM serves it from the exported config keys, with the acceptance counts of the project
+decoder. The old-export draft is plain EAGLE-3.
+
+Three vLLM starts (baseline, EAGLE-3.1, EAGLE-3 on the old export), --enforce-eager, shared by the tests of
 this module; the compile cache under ~/.cache/eagle3/vllm is reused across runs.
 """
 
@@ -44,7 +48,7 @@ def prompts(tmp_path_factory) -> str:
 def both_engines(smollm2_dir, tmp_path_factory, prompts):
     """One evaluate run: the project decoder, then vLLM (two servers), on the same prompts."""
     tmp = tmp_path_factory.mktemp("vllm-eval")
-    draft = lens_draft(smollm2_dir, tmp / "draft", AUX, fit_texts=FIT_TEXTS)
+    draft = lens_draft(smollm2_dir, tmp / "draft", AUX, fit_texts=FIT_TEXTS, variant="eagle3.1")
     summary = evaluate(EvaluateConfig(model=smollm2_dir, draft=draft, out=str(tmp / "eval"), prompts=prompts,
                                       limit=LIMIT, max_new_tokens=NEW_TOKENS, steps=3, device="cpu",
                                       precision="float32", compare_with=("vllm",)))
@@ -59,8 +63,14 @@ def test_vllm_loads_the_export_and_speculates_losslessly(both_engines):
     assert all(p["lossless"] for p in vllm["prompts"]) and len(vllm["prompts"]) == LIMIT
     assert report["engines"]["vllm"]["lossless"] and report["engines"]["transformers"]["lossless"]
     assert vllm["server"]["commands"]["eagle3"][-1].endswith("}")  # the speculative config was passed
+    cfg = json.loads((tmp_draft(both_engines) / "config.json").read_text())
+    assert (cfg["draft_variant"], cfg["fc_norm"], cfg["norm_output"]) == ("eagle3.1", True, True)
     assert all(p["verifications"] > 0 for p in vllm["prompts"])  # the counters moved for every prompt
     assert summary["lossless"] is True
+
+
+def tmp_draft(both_engines):
+    return both_engines[3] / "draft"
 
 
 def test_vllm_accepts_what_the_project_decoder_accepts_on_non_default_aux_layers(both_engines):

@@ -119,3 +119,27 @@ def test_extraction_lm_head_is_fp32_under_bf16_autocast(tiny_llama_dir):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = cap.lm_head(hidden)
     assert got.dtype == torch.float32 and torch.equal(got, ref)
+
+
+def test_known_in_draft_skips_the_full_head_and_changes_no_bit():
+    """The trainer keeps each sample's in-draft mask after its first micro-batch (InDraftCache): with it, the
+    soft labels are the same bits and the mask is read, not recomputed (a wrong mask passed in comes back)."""
+    g = torch.Generator().manual_seed(1)
+    v, vd, h = 64, 16, 32
+    last = torch.randn(2, 8, h, generator=g)
+    head = torch.randn(v, h, generator=g)
+    chosen = torch.randperm(v, generator=g)[:vd].sort().values
+    d2t, t2d = chosen - torch.arange(vd), torch.zeros(v, dtype=torch.bool)
+    t2d[chosen] = True
+    logits, in_draft = objective.targets({"last": last}, head, d2t, t2d)
+    assert torch.equal(in_draft, t2d[(last @ head.T).argmax(-1)])  # hand-computed full-vocab argmax
+    torch.testing.assert_close(logits, (last @ head.T)[..., chosen])
+    cache = objective.InDraftCache()
+    attention = torch.tensor([[True] * 8, [True] * 5 + [False] * 3])
+    assert cache.get(["a", "b"], 8) is None
+    cache.put(["a", "b"], in_draft, attention)
+    known = cache.get(["b", "a"], 9)
+    assert known.shape == (2, 9) and torch.equal(known[1, :8], in_draft[0]) and not known[0, 5:].any()
+    assert torch.equal(known[0, :5], in_draft[1, :5])
+    again, mask = objective.targets({"last": last}, head, d2t, t2d, known_in_draft=~in_draft)
+    assert torch.equal(again, logits) and torch.equal(mask, ~in_draft)
