@@ -20,7 +20,8 @@ Two ways to run it:
 - `step(...)` with a `DraftCache`: plain causal attention over cached keys,
   for speculative decoding (eagle3/evaluate).
 - `ttt_step(...)`: training-time test (eagle3/draft/ttt.py), step-0 keys
-  causal plus later steps' keys on the diagonal only.
+  causal plus later steps' keys on the diagonal only; blockwise
+  (eagle3/draft/attention.py, O(T) memory) or the dense reference.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eagle3.draft.attention import ttt_attention
 from eagle3.draft.config import DraftConfig, rope_type_of
 from eagle3.errors import InputError
 
@@ -119,8 +121,12 @@ class DraftAttention(nn.Module):
         out = probs[..., :s] @ values[:, :, None]
         for j, v in enumerate(diag_values):
             out = out + probs[..., s + j, None] * v[:, :, None]
-        out = out.reshape(b, nh, t, hd).transpose(1, 2).reshape(b, t, nh * hd)
-        return self.o_proj(out)
+        return self.project_out(out.reshape(b, nh, t, hd))
+
+    def project_out(self, out: torch.Tensor) -> torch.Tensor:
+        """o_proj of per-head outputs [B,nh,T,hd] -> [B,T,H]."""
+        b, nh, t, hd = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, nh * hd))
 
 
 class DraftMLP(nn.Module):
@@ -285,21 +291,31 @@ class Eagle3Draft(nn.Module):
     # -- training-time test --------------------------------------------------
 
     def ttt_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                 history: list[tuple[torch.Tensor, torch.Tensor]], mask0: torch.Tensor,
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 history: list[tuple[torch.Tensor, torch.Tensor]], mask0: torch.Tensor | None = None,
+                 *, starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One TTT step over whole sequences (see eagle3/draft/ttt.py).
 
         ``history`` holds (k, v) of earlier steps and gets this step's appended.
-        Step 0's keys are attended under ``mask0`` [B,1,T,T] (causal, same
-        sample); every later step's keys only at the query's own position.
+        Step 0's keys are attended causally within each sample, every later
+        step's keys only at the query's own position. Give exactly one of
+        ``starts`` [B,T] (`attention.sample_starts`: the blockwise attention,
+        O(T) memory) or ``mask0`` [B,1,T,T] (`ttt.step0_mask`: the dense
+        reference, O(T^2)).
         Returns (logits [B,T,Vd], the next step's hidden [B,T,H]: see `head`).
         """
+        if (mask0 is None) == (starts is None):
+            raise ValueError("ttt_step needs exactly one of mask0 (dense) or starts (blockwise)")
         hidden = self._hidden_in(hidden)
         layer = self.midlayer
+        attn_mod = layer.self_attn
         cos, sin = rope_cos_sin(self.inv_freq, position_ids)
-        q, k, v = layer.self_attn.qkv(layer.attention_input(self.embed(input_ids), hidden), cos, sin)
+        q, k, v = attn_mod.qkv(layer.attention_input(self.embed(input_ids), hidden), cos, sin)
         history.append((k, v))
         (k0, v0), later = history[0], history[1:]
-        attn = layer.self_attn.attend(q, k0, v0, mask0, [kv[0] for kv in later], [kv[1] for kv in later])
+        later_k, later_v = [kv[0] for kv in later], [kv[1] for kv in later]
+        if mask0 is not None:
+            attn = attn_mod.attend(q, k0, v0, mask0, later_k, later_v)
+        else:
+            attn = attn_mod.project_out(ttt_attention(q, k0, v0, starts, later_k, later_v))
         out = layer.finish(hidden, attn)
         return self.head(out)

@@ -17,6 +17,8 @@ exactly as the hidden-state store holds them.
 Attention: step i's query at t sees step-0 keys at s <= t of its own sample,
 plus the keys of steps 1..i at t only (the diagonal). That is what decoding
 sees: a cache of prefix positions plus the chain of the draft's own tokens.
+It runs blockwise by default (eagle3/draft/attention.py: no T x T tensor);
+``attention="dense"`` keeps the [B,1,T,T]-mask reference for tests.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ import torch.nn.functional as F
 
 from eagle3.acceptance import simulated_acceptance_length as sim_accept_len  # one definition
 
+from eagle3.draft.attention import sample_starts
 from eagle3.draft.model import Eagle3Draft
 
 DEFAULT_TTT_LENGTH = 7
 DEFAULT_STEP_DECAY = 0.8  # step i's loss weight is 0.8 ** i
+ATTENTIONS = ("blockwise", "dense")  # eagle3/draft/attention.py (O(T) memory), or the T x T reference
 
 
 def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
@@ -133,7 +137,7 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
                 target_logits_draft: torch.Tensor, target_argmax_in_draft: torch.Tensor,
                 loss_mask: torch.Tensor, segment_ids: torch.Tensor | None = None,
                 ttt_length: int = DEFAULT_TTT_LENGTH, step_decay: float = DEFAULT_STEP_DECAY,
-                normalizer: torch.Tensor | None = None) -> TTTResult:
+                normalizer: torch.Tensor | None = None, attention: str = "blockwise") -> TTTResult:
     """Run ``ttt_length`` TTT steps and return the loss and per-step counts.
 
     All inputs are unshifted, per target position j, [B,T,...]:
@@ -148,14 +152,18 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
     ``normalizer`` [ttt_length], if given, replaces each step's divisor (its
     masked count here) with a count over the global batch, so micro-batches
     and ranks add up to the same gradient however the batch is split.
+    ``attention``: "blockwise" (eagle3/draft/attention.py) or "dense" (the
+    [B,1,T,T] ``step0_mask`` reference); both give the same loss and gradients.
     """
     if ttt_length < 1:
         raise ValueError(f"ttt_length must be >= 1, got {ttt_length}")
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
     if segment_ids is None:
         segment_ids = torch.ones_like(input_ids)
     loss_mask, in_draft = loss_mask.bool(), target_argmax_in_draft.bool()
     pos = positions_in_sample(segment_ids)
-    mask0 = step0_mask(segment_ids)
+    step0 = {"mask0": step0_mask(segment_ids)} if attention == "dense" else {"starts": sample_starts(pos)}
     hidden = draft.project_aux(aux)
     # The target side does not change across steps: its softmax and argmax are taken once.
     target_probs = target_logits_draft.float().softmax(-1)
@@ -166,7 +174,7 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
     sums, correct, counts = [], [], []
     for i in range(ttt_length):
         ids = _shift(input_ids, 1 + i, 0)
-        logits, hidden = draft.ttt_step(ids, hidden, pos + i, history, mask0)
+        logits, hidden = draft.ttt_step(ids, hidden, pos + i, history, **step0)
         same_sample = (_shift(segment_ids, 2 + i, -1) == segment_ids) & (segment_ids != 0)
         mask = _shift(loss_mask, 2 + i, False) & _shift(in_draft, 1 + i, False) & same_sample
         # Positions t >= width-1-i have no target (the mask is 0 there), so the loss
