@@ -145,7 +145,8 @@ example:
 
   eagle3 vocab --merged MERGED --draft-vocab-size 8192 --out VOCAB"""),
     Stage("extract", "run the target and store aux/last hidden states in packed shards", "ExtractConfig",
-          subprocess=True, choices={"storage": _STORAGE, "precision": _PRECISION},
+          subprocess=True, choices={"storage": _STORAGE, "precision": _PRECISION,
+                                    "engine": "eagle3.extract.config:ENGINES"},
           usage="""Run the target over the merged dataset and store aux-layer / final-norm hidden states.
 
 Writes STORE/<model_fp>-L<a>_<b>_<c>-<storage>/ (see docs/extract.md). Samples
@@ -153,7 +154,10 @@ already in the store are skipped, so a re-run resumes after a crash and extracts
 only new data. Exit code 75 after an out-of-memory: the halved token budget is
 saved, and a re-run continues with it.
 
-  eagle3 extract --merged MERGED --model smollm2-135m-instruct --out STORE --shard 0/4"""),
+  eagle3 extract --merged MERGED --model smollm2-135m-instruct --out STORE --shard 0/4
+
+--engine vllm serves the target with vLLM in hidden-state extraction mode instead (the same store; with
+--tensor-parallel-size etc. for targets transformers cannot hold; see docs/extract.md)."""),
     Stage("train", "train the EAGLE-3 draft with training-time test", "TrainConfig", subprocess=True,
           aliases={"model": ("--target",)},
           choices={"init": "eagle3.train.config:INIT_CHOICES", "precision": _PRECISION},

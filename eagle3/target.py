@@ -242,6 +242,27 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return [1, num_layers // 2 - 1, num_layers - 4]
 
 
+def refuse_capped_logits(softcap, model: str) -> None:
+    """Stored `last` states become soft labels as last @ lm_head.T; a target that caps its logits
+    (config ``final_logit_softcapping``) would need them tanh-capped, so extraction refuses it."""
+    if softcap:
+        raise InputError(f"model {model!r} caps its logits (final_logit_softcapping={softcap}); soft labels "
+                         "from `last` assume plain lm_head logits")
+
+
+def aux_layers(layers: list[int] | None, num_layers: int, model: str) -> list[int]:
+    """The aux layers an extraction reads: ``layers`` (3 ids in [0, L-2]: the last layer's output is the
+    normed ``last``), or the default; an InputError otherwise."""
+    chosen = list(layers) if layers else default_aux_layers(num_layers)
+    bad = [i for i in chosen if not 0 <= i < num_layers - 1]
+    if bad or len(chosen) != 3:
+        raise InputError(
+            f"aux layers {chosen}: need 3 layer ids in [0, {num_layers - 2}] for a "
+            f"{num_layers}-layer target {model!r} (the last layer's output is the normed `last`); "
+            f"the default is {default_aux_layers(num_layers)}")
+    return chosen
+
+
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 

@@ -32,7 +32,7 @@ from eagle3.devices import resolve_precision
 from eagle3.errors import InputError
 from eagle3.oom import maybe_inject
 from eagle3.extract import lean_llama
-from eagle3.target import default_aux_layers, load_model, resolve_model, vocab_size
+from eagle3.target import aux_layers, load_model, refuse_capped_logits, resolve_model, vocab_size
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,7 @@ class TargetCapture:
         self.lean = lean_llama.LeanLlama(self.model) if why_not is None else None
         self.forward_path = "lean" if self.lean else f"transformers ({why_not})"
         cfg = self.model.config
-        if getattr(cfg, "final_logit_softcapping", None):
-            # Stored `last` states become soft labels as last @ lm_head.T; a capped target's are tanh-capped.
-            raise InputError(f"model {model!r} caps its logits (final_logit_softcapping="
-                             f"{cfg.final_logit_softcapping}); soft labels from `last` assume plain lm_head logits")
+        refuse_capped_logits(getattr(cfg, "final_logit_softcapping", None), model)
         self.num_layers = cfg.num_hidden_layers
         self.hidden_size = cfg.hidden_size
         self.vocab_size = vocab_size(resolve_model(model))
@@ -62,13 +59,7 @@ class TargetCapture:
         if rows != self.vocab_size:
             raise InputError(f"model {model!r}: its lm_head has {rows} rows but config.json vocab_size is "
                              f"{self.vocab_size}; V must be the lm_head rows (fix config.json)")
-        self.layers = list(layers) if layers else default_aux_layers(self.num_layers)
-        bad = [i for i in self.layers if not 0 <= i < self.num_layers - 1]
-        if bad or len(self.layers) != 3:
-            raise InputError(
-                f"aux layers {self.layers}: need 3 layer ids in [0, {self.num_layers - 2}] for a "
-                f"{self.num_layers}-layer target (the last layer's output is the normed `last`); "
-                f"the default is {default_aux_layers(self.num_layers)}")
+        self.layers = aux_layers(layers, self.num_layers, model)
 
     def params(self) -> int:
         """Parameters the forward pass multiplies with (no embedding lookup, no lm_head)."""

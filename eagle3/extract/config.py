@@ -9,6 +9,9 @@ from eagle3.devices import check_device, check_precision
 from eagle3.errors import InputError
 from eagle3.extract.plan import parse_shard
 
+ENGINES = ("transformers", "vllm")
+"""What runs the target's forward (``ExtractConfig.engine``)."""
+
 
 @dataclass(frozen=True)
 class ExtractConfig:
@@ -43,6 +46,25 @@ class ExtractConfig:
     lean_forward: bool = True
     """On CPU, run plain Llama targets through eagle3.extract.lean_llama (same numbers, faster);
     False: always the transformers forward."""
+    engine: str = "transformers"
+    """What runs the target's forward: ``transformers`` (in this process) or ``vllm`` (a vLLM server in
+    hidden-state extraction mode, started and stopped by this task; for targets transformers cannot hold).
+    The store is the same either way; store.json and each shard's index entry name the engine."""
+    tensor_parallel_size: int = 1
+    """vllm engine: GPUs that split every layer of one replica (vLLM's --tensor-parallel-size)."""
+    pipeline_parallel_size: int = 1
+    """vllm engine: stages the layers are split into, one GPU group each (--pipeline-parallel-size)."""
+    data_parallel_size: int = 1
+    """vllm engine: replicas, each serving part of the requests (--data-parallel-size). The task leases
+    tensor x pipeline x data parallel GPUs."""
+    quantization: str | None = None
+    """vllm engine: vLLM's --quantization (e.g. fp8); None: as the checkpoint is. The stored states are then
+    the quantized target's."""
+    server_args: tuple[str, ...] = ()
+    """vllm engine: more flags for its server, e.g. ("--gpu-memory-utilization", "0.9"); on the command line
+    ``--server-args=--gpu-memory-utilization,0.9``."""
+    requests_in_flight: int = 64
+    """vllm engine: samples sent at once (one request each; vLLM batches them)."""
 
     def __post_init__(self):
         if self.layers is not None:
@@ -53,3 +75,21 @@ class ExtractConfig:
             raise InputError(f"token_budget={self.token_budget}, shard_mb={self.shard_mb}: need token_budget >= 1 and shard_mb > 0")
         check_device(self.device, "ExtractConfig.device")
         check_precision(self.precision, "ExtractConfig.precision")
+        if self.engine not in ENGINES:
+            raise InputError(f"ExtractConfig.engine={self.engine!r}: choose one of {', '.join(ENGINES)}")
+        sizes = {"tensor_parallel_size": self.tensor_parallel_size, "data_parallel_size": self.data_parallel_size,
+                 "pipeline_parallel_size": self.pipeline_parallel_size, "requests_in_flight": self.requests_in_flight}
+        if bad := {k: v for k, v in sizes.items() if v < 1}:
+            raise InputError(f"ExtractConfig: {', '.join(f'{k}={v}' for k, v in bad.items())}: must be >= 1")
+        object.__setattr__(self, "server_args", tuple(str(a) for a in self.server_args))
+        served = {k: v for k, v in {**sizes, "quantization": self.quantization, "server_args": self.server_args}.items()
+                  if k != "requests_in_flight" and v not in (1, None, ())}
+        if self.engine != "vllm" and served:
+            raise InputError(f"ExtractConfig: {', '.join(f'{k}={v!r}' for k, v in served.items())} only apply to "
+                             "engine='vllm' (the transformers engine runs on one device); set engine='vllm' or drop them")
+
+    def gpus(self) -> int:
+        """GPUs one task of this config holds (leased when it runs on CUDA)."""
+        if self.engine != "vllm":
+            return 1
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size

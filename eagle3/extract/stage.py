@@ -7,7 +7,9 @@ resume after a crash), plans shards and batches deterministically
 extracts shard by shard; each shard is published atomically and then added to
 ``index-<task>.json``. After an out-of-memory it halves the token budget,
 writes it to ``adapt-<task>.json`` and raises GpuOutOfMemory; the next run
-starts from that budget.
+starts from that budget. The forward is ``engine``'s: transformers in this
+process (eagle3.extract.capture) or a vLLM server the task starts and stops
+(eagle3.extract.vllm_engine); everything else is the same for both.
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ def run(cfg: ExtractConfig) -> dict:
     from eagle3.devices import lease_device, resolve_device
 
     device = resolve_device(cfg.device)
-    # "cuda" leases a free GPU; an explicit "cuda:N" is the caller's choice and takes no lease.
-    with lease_device(1 if device == "cuda" else 0, root=cfg.lease_root) as leased:
+    # "cuda" leases free GPUs (one, or the vllm engine's parallel sizes' product); an explicit "cuda:N" is the
+    # caller's choice and takes no lease. vLLM's server inherits the lease's CUDA_VISIBLE_DEVICES.
+    with lease_device(cfg.gpus() if device == "cuda" else 0, root=cfg.lease_root) as leased:
         if device == "cuda" and leased != "cpu":
             import torch
 
@@ -108,22 +111,37 @@ def run(cfg: ExtractConfig) -> dict:
 
 
 def _extract_on(cfg: ExtractConfig, device: str) -> dict:
-    from eagle3.errors import is_oom
-    from eagle3.extract.capture import TargetCapture
-    from eagle3.extract.store import StoreWriter
-    from eagle3.progress import Progress
-    from eagle3.target import model_fingerprint, resolve_model
-
     start = time.monotonic()
     index, count = parse_shard(cfg.shard)
     task = task_name(index, count)
     merged, tokens = read_merged(cfg.merged)
     mine = [s for s in merged if in_task(s.id, index, count)]
+    if cfg.engine == "vllm":  # the target served by vLLM (eagle3.extract.vllm_engine); stopped on every exit
+        from eagle3.extract.vllm_engine import VLLMCapture
+
+        with VLLMCapture(cfg, device, max((s.num_tokens for s in mine), default=1)) as cap:
+            return _extract_with(cfg, device, cap, cap.engine, start, task, mine, tokens)
+    import transformers
+
+    from eagle3.extract.capture import TargetCapture
+
     cap = TargetCapture(cfg.model, device, list(cfg.layers) if cfg.layers else None, lean=cfg.lean_forward,
                         precision=cfg.precision)
+    engine = {"name": "transformers", "version": transformers.__version__}
+    return _extract_with(cfg, device, cap, engine, start, task, mine, tokens)
+
+
+def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: float, task: str,
+                  mine: list[Sample], tokens: MergedTokens) -> dict:
+    """The task's work once its target is ready: ``cap`` runs the forward (TargetCapture or VLLMCapture)."""
+    from eagle3.errors import is_oom
+    from eagle3.extract.store import StoreWriter
+    from eagle3.progress import Progress
+    from eagle3.target import model_fingerprint, resolve_model
+
     writer = StoreWriter(cfg.out, model_fp=model_fingerprint(resolve_model(cfg.model)), model_name=cfg.model,
                          layers=cap.layers, hidden_size=cap.hidden_size, vocab_size=cap.vocab_size,
-                         storage=cfg.storage, task=task, precision=cap.precision.to_dict()).open()
+                         storage=cfg.storage, task=task, precision=cap.precision.to_dict(), engine=engine).open()
     st.sweep_tmp(writer.uri)  # leftovers of killed runs (never a live task's)
     budget = cfg.token_budget
     if st.exists(writer.adapt_path()):
@@ -143,7 +161,7 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
     real, padded = padding_share([b for batches in plan for b in batches])
     summary = {
         "store": writer.uri, "task": task, "device": device, "storage": cfg.storage, "layers": cap.layers,
-        "forward": cap.forward_path, "precision": cap.precision.to_dict(),
+        "forward": cap.forward_path, "precision": cap.precision.to_dict(), "engine": engine,
         "samples_in_task": len(mine), "samples_skipped": len(mine) - len(todo) - repaired,
         "samples_extracted": 0,
         "shards_repaired": [name for name, _ in repairs],
@@ -154,6 +172,9 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
              "padding %.1f%% of %d padded tokens at budget %d; %s forward in %s (%s)", task, len(mine),
              summary["samples_skipped"], len(todo), real, len(shards), 100 * summary["padding_share"], padded,
              budget, cap.forward_path, cap.precision.name, cap.precision.reason)
+    if cfg.engine == "vllm" and named:
+        cap.start()  # before the clocks of progress and of the first batch: a start is minutes, not throughput
+        summary["server_start_s"] = cap.start_s
     progress = Progress("extract", len(todo) + repaired, real, every_s=cfg.progress_every_s, logger=log)
     forward_s, estimated = 0.0, False
     # Rate for the estimate: skip the first batch (warm-up, and the shortest samples), then
@@ -168,7 +189,11 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
         for batch in batches:
             t0 = time.monotonic()
             try:
-                aux, last, lengths = cap.forward([tokens.row(s.row)[0] for s in batch])
+                seqs = [tokens.row(s.row)[0] for s in batch]
+                if cfg.engine == "vllm":  # names each sample in its errors
+                    aux, last, lengths = cap.forward(seqs, sample_ids=[s.id for s in batch])
+                else:
+                    aux, last, lengths = cap.forward(seqs)
                 feats = codec.encode(cfg.storage, aux, last, lm_head=cap.lm_head)
             except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
                 if not is_oom(e):

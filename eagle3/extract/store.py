@@ -4,9 +4,10 @@ Layout (docs/CONTRACTS.md "Hidden-state store")::
 
     STORE/<model_fp>-L<a>_<b>_<c>-<storage>/
         store.json                      model fingerprint/name, layers, hidden/vocab size, option, bytes/token,
-                                        the compute precision of the run that created it
+                                        the compute precision and engine of the run that created it
         shard-<task>-<seq>.safetensors  packed samples (no padding), written atomically
-        index-<task>.json               {shard: {sha256, samples, tokens, sample_ids, sample_tokens, precision}}
+        index-<task>.json               {shard: {sha256, samples, tokens, sample_ids, sample_tokens, precision,
+                                                 engine}}
         adapt-<task>.json               (only after an OOM) the token budget the next run uses
 
 Shard tensors: ``input_ids`` int32 [T], ``loss_mask`` uint8 [T], ``offsets``
@@ -68,7 +69,8 @@ class StoreWriter:
     """
 
     def __init__(self, root: str, *, model_fp: str, model_name: str, layers: list[int], hidden_size: int,
-                 vocab_size: int, storage: str, task: str, precision: dict | None = None):
+                 vocab_size: int, storage: str, task: str, precision: dict | None = None,
+                 engine: dict | None = None):
         self.uri = st.join(root, store_key(model_fp, layers, storage))
         self.task = task
         self.storage = storage
@@ -78,6 +80,7 @@ class StoreWriter:
             "topk": TOPK if option(storage).target == "topk" else None,
             "bytes_per_token": bytes_per_token(storage, hidden_size),
             "precision": precision,
+            "engine": engine,  # what ran the forward: name, version, and for vllm the parallelism
         }
         self._index: dict | None = None
 
@@ -96,6 +99,10 @@ class StoreWriter:
                             "same; index-%s.json records each shard's precision)", path,
                             (old.get("precision") or {}).get("name"), (self.info["precision"] or {}).get("name"),
                             self.task)
+            if (old.get("engine") or {}).get("name") != (self.info["engine"] or {}).get("name"):
+                log.warning("%s was created by the %s engine; this task runs %s (the same store content; "
+                            "index-%s.json records each shard's engine)", path, (old.get("engine") or {}).get("name"),
+                            (self.info["engine"] or {}).get("name"), self.task)
         else:
             st.write_json(path, self.info)
         return self
@@ -153,7 +160,7 @@ class StoreWriter:
         digest = _atomic_save(self.uri, name, lambda p: save_safetensors(tensors, p, meta))
         entry = {"sha256": digest, "samples": len(ids), "tokens": int(offsets[-1]),
                  "sample_ids": ids, "sample_tokens": lengths,
-                 "precision": (self.info["precision"] or {}).get("name")}
+                 "precision": (self.info["precision"] or {}).get("name"), "engine": self.info["engine"]}
         self.index()[name] = entry
         st.write_json(st.join(self.uri, f"index-{self.task}.json"), self.index())
         return entry
@@ -269,6 +276,14 @@ class HiddenStateStore:
         out: dict = {}
         for e in self.shards.values():
             out[e.get("precision")] = out.get(e.get("precision"), 0) + int(e["tokens"])
+        return out
+
+    def engines(self) -> dict[str, int]:
+        """{engine name: stored tokens} over the shards (None: written before the index recorded it)."""
+        out: dict = {}
+        for e in self.shards.values():
+            name = (e.get("engine") or {}).get("name")
+            out[name] = out.get(name, 0) + int(e["tokens"])
         return out
 
     def total_tokens(self) -> int:

@@ -104,7 +104,7 @@ class VLLMServer(ManagedServer):
             return None
         kind, message = errors[-1]
         said = f"vLLM said: {kind}: {message.strip()}"
-        if not self.speculative:
+        if not (self.speculative or {}).get("model"):  # no draft to blame (none, or extraction mode)
             return said
         return said + "\n" + draft_blame(str(self.speculative.get("model")), message)
 
