@@ -36,6 +36,7 @@ from eagle3.draft.config import DRAFT_VARIANTS
 from eagle3.evaluate.config import BACKENDS as EVALUATE_BACKENDS
 from eagle3.evaluate.config import COMPARABLE as EVALUATE_COMPARABLE
 from eagle3.evaluate.config import EvaluateConfig
+from eagle3.extract.config import ENGINES as EXTRACT_ENGINES
 from eagle3.extract.config import ExtractConfig
 from eagle3.merge.config import MergeConfig
 from eagle3.regenerate.config import BACKENDS as REGENERATE_BACKENDS
@@ -135,6 +136,14 @@ PARAMS = form_params({
                               description="Of regenerate (hf), extract, train and evaluate (transformers); "
                                           + PRECISION_SUMMARY),
     "extract_token_budget": config_param(ExtractConfig, "token_budget", minimum=64, title="Extraction token budget"),
+    "target_engine": config_param(ExtractConfig, "engine", enum=list(EXTRACT_ENGINES), title="Extraction engine",
+                                  values_display={"transformers": "transformers (in the task)",
+                                                  "vllm": "vLLM (a server the task starts)"}),
+    "target_tensor_parallel_size": config_param(
+        ExtractConfig, "tensor_parallel_size", minimum=1, maximum=1024, title="Extraction tensor parallel size",
+        description="vLLM engine only: GPUs that split every layer of the target (vLLM's --tensor-parallel-size). "
+                    "Set EAGLE3_TARGET_GPUS to the same count on the DAG processor, so extract holds that many "
+                    "slots of pool gpu."),
     "train_token_budget": config_param(TrainConfig, "token_budget", minimum=64, title="Training token budget"),
     "ttt_length": config_param(TrainConfig, "ttt_length", minimum=1, maximum=16, title="TTT length"),
     "epochs": config_param(TrainConfig, "epochs", minimum=1, title="Epochs"),
@@ -244,10 +253,13 @@ def eagle3_train():
                 "draft_vocab_size": "{{ params.draft_vocab_size }}"})
     # Mapped over the plan's shards; each skips itself when verify chose online training.
     extract = ExtractOperator.partial(
-        task_id="extract", map_index_template="{{ task.mapped.shard }}", online=ONLINE, **GPU, **common,
+        task_id="extract", map_index_template="{{ task.mapped.shard }}", online=ONLINE, pool_slots=TARGET_GPUS,
+        **GPU, **common,
         config={"merged": RUN.folder("merged"), "model": "{{ params.model }}", "out": layout.store(ROOT),
                 "layers": LAYERS, "storage": "{{ params.storage_option }}",
-                "token_budget": "{{ params.extract_token_budget }}", "precision": "{{ params.precision }}"},
+                "token_budget": "{{ params.extract_token_budget }}", "precision": "{{ params.precision }}",
+                "engine": "{{ params.target_engine }}",
+                "tensor_parallel_size": "{{ params.target_tensor_parallel_size }}"},
     ).expand(mapped=to_extract)
 
     train = TrainOperator(
