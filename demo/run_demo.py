@@ -125,9 +125,14 @@ def failures(run_dir: Path, env: dict, bin_dir: Path) -> tuple[list[tuple[str, l
     return out, status["not_run"]
 
 
+def _num(v, digits: int) -> str:
+    """A figure as printed; "-" where the report has none (an engine that measured only some)."""
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
 def summarize(run_dir: Path) -> None:
     from eagle3.layout import RunLayout
-    from eagle3.report.summary import headline_rows, lossless_text
+    from eagle3.report.summary import headline_rows, lossless_text, tie_flips
 
     run = {k: Path(v) for k, v in RunLayout(str(run_dir.parents[2]), DAG_ID, run_dir.name).paths().items()}
     table = run["stats"] / "stats_table.txt"
@@ -147,13 +152,16 @@ def summarize(run_dir: Path) -> None:
         for row in rows:
             rates = ", ".join("-" if a is None else f"{a:.2f}" for a in row["rates"])
             iv = row.get("tau_interval")
-            print(f"{row['engine_label']} on {row['set']} ({row['prompts']} prompts): tau {row['tau']:.3f}"
+            print(f"{row['engine_label']} on {row['set']} ({row['prompts']} prompts): tau {_num(row['tau'], 3)}"
                   + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "") + f"; acceptance by position {rates}; "
-                  f"{row['tokens_per_s_spec']:.1f} vs {row['tokens_per_s_base']:.1f} tok/s = "
-                  f"{row['speedup']:.2f}x; lossless: {row['lossless_text']}")
+                  f"{_num(row['tokens_per_s_spec'], 1)} vs {_num(row['tokens_per_s_base'], 1)} tok/s = "
+                  f"{_num(row['speedup'], 2)}x; lossless: {row['lossless_text']}")
         sim = r.get("sim_accept_len_k")
         if sim:
             print(f"trainer's offline estimate on its held-out split: tau {sim:.3f}")
+        for f in tie_flips(r):
+            print(f"  tie flip ({f['engine']}, {f['precision']}): {f['id']} at generated position {f['position']}, "
+                  f"fp32 margin {f['margin_fp32']:+.4f} within the measured rounding {f['tolerance']:.4f}")
         print(f"lossless, every engine and prompt set: {lossless_text(r)}")
         for name, a in (r.get("agreement") or {}).items():
             print(f"{name} vs {a['against']}: {'agree' if a['agree'] else 'DISAGREE beyond the intervals'} "

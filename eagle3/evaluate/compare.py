@@ -10,6 +10,7 @@ allow, the sign that the two engines do not run the draft the same way (aux laye
 from __future__ import annotations
 
 from eagle3 import acceptance
+from eagle3.evaluate import lossless
 
 
 def _headline_counts(report: dict) -> list[tuple[tuple[str, str], dict]]:
@@ -21,6 +22,7 @@ def engine_figures(report: dict) -> dict:
     ci = acceptance.bootstrap_intervals([c for _, c in _headline_counts(report)])
     return {**ci, "tokens_per_s_spec": report["tokens_per_s_spec"], "tokens_per_s_base": report["tokens_per_s_base"],
             "speedup": report["speedup"], "lossless": report["lossless"], "precision": report["precision"]["name"],
+            **({"lossless_verdict": report["lossless_verdict"]} if "lossless_verdict" in report else {}),
             **({"server_start_s": report["server"]["start_s"]} if "server" in report else {})}
 
 
@@ -45,6 +47,9 @@ def combine(reports: dict[str, dict], primary: str) -> dict:
         report["agreement"][name] = {**agreement, "against": primary,
                                      "same_greedy_output": same, "prompts_compared": len(ours)}
     report["lossless"] = all(r["lossless"] for r in reports.values())
+    verdicts = {name: r["lossless_verdict"] for name, r in reports.items() if "lossless_verdict" in r}
+    if len(verdicts) == len(reports):
+        report["lossless_verdict"] = lossless.combined(verdicts)
     return report
 
 

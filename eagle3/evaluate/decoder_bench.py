@@ -3,8 +3,10 @@
 For every prompt the target decodes twice in the same process, on the same
 prompt ids: plain greedy with a KV cache (the baseline) and the chain
 speculative decoder. Greedy speculation is lossless, so the two outputs must
-be equal token for token; any difference fails the stage (GateFailed) after
-report.json was written, naming the prompt and the first differing position.
+be equal token for token; a difference is classified by eagle3.evaluate.lossless
+(a near-tie that the precision's rounding flips, or a failure), and a failure
+fails the stage (GateFailed) after report.json was written, naming the prompt
+and the first differing position.
 Both decodes run the one target at one precision (EvaluateConfig.precision,
 resolved by eagle3.devices.resolve_precision), and report.json names it: bf16
 and fp32 greedy outputs differ, so each precision is its own lossless target.
@@ -56,39 +58,33 @@ def _load(cfg: EvaluateConfig, device: str, precision: str):
         raise InputError(f"{draft_cfg_path}: vocab_size={draft_cfg.get('vocab_size')} but the target "
                          f"{cfg.model!r} has {vocab_size}; was the draft trained for another target?")
     draft = load_exported_draft(draft_dir, load_target_embedding(target_dir)).to(device)
-    return tokenizer, model, TargetRunner(model, aux_ids), Eagle3DraftStepper(draft), aux_ids
+    return tokenizer, model, TargetRunner(model, aux_ids), Eagle3DraftStepper(draft), aux_ids, target_dir
 
 
-def _first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+def _prompt_row(set_name: str, prompt, ids: list[int], base, spec, steps: int, tokenizer, precision: str,
+                rescore) -> dict:
+    """One prompt's figures and its lossless verdict (eagle3.evaluate.lossless.judge)."""
+    from eagle3.evaluate.lossless import judge
 
-
-def _prompt_row(set_name: str, prompt, ids: list[int], base, spec, steps: int, tokenizer) -> dict:
-    """One prompt's figures, with the first difference when speculation was not lossless."""
-    diff = _first_difference(base.tokens, spec.tokens)
     row = {
         "set": set_name, "id": prompt.id, "prompt_tokens": len(ids), "new_tokens": len(spec.tokens),
-        "stop": spec.stop, "lossless": diff is None, "acceptance_length": metrics.acceptance_length(spec.steps),
+        "stop": spec.stop, "acceptance_length": metrics.acceptance_length(spec.steps),
         "verifications": len(spec.steps), "seconds_base": base.seconds, "seconds_spec": spec.seconds,
         "base_tokens": len(base.tokens), "accept_hist": metrics.accept_length_histogram(spec.steps, steps),
         "counts": metrics.prompt_counts(spec.steps, steps), "token_ids": list(spec.tokens),
         "text": tokenizer.decode(spec.tokens, skip_special_tokens=False)[:2000],
     }
-    if diff is not None:
-        row["mismatch"] = {
-            "position": diff,
-            "baseline_token": base.tokens[diff] if diff < len(base.tokens) else None,
-            "speculative_token": spec.tokens[diff] if diff < len(spec.tokens) else None,
-            "baseline_text": tokenizer.decode(base.tokens)[:2000],
-        }
+    judge(row, ids, base.tokens, spec.tokens, precision, rescore)
+    if "mismatch" in row:
+        row["mismatch"]["baseline_text"] = tokenizer.decode(base.tokens)[:2000]
     return row
 
 
-def _set_summary(rows: list[dict], steps: list, k: int) -> dict:
-    """τ, acceptance by position and both throughputs of one prompt set (timed in the same run)."""
+def _set_summary(rows: list[dict], steps: list, k: int, precision: str) -> dict:
+    """τ, acceptance by position, both throughputs (timed in the same run) and the lossless verdict of one
+    prompt set."""
+    from eagle3.evaluate.lossless import verdict
+
     base_s, spec_s = sum(r["seconds_base"] for r in rows), sum(r["seconds_spec"] for r in rows)
     base_tokens, spec_tokens = sum(r["base_tokens"] for r in rows), sum(r["new_tokens"] for r in rows)
     tps_base = base_tokens / base_s if base_s > 0 else 0.0
@@ -101,6 +97,7 @@ def _set_summary(rows: list[dict], steps: list, k: int) -> dict:
         "speedup": tps_spec / tps_base if tps_base > 0 else 0.0,
         "num_prompts": len(rows), "generated_tokens": spec_tokens, "verifications": len(steps),
         "lossless_prompts": sum(r["lossless"] for r in rows),
+        "lossless_verdict": verdict(rows, precision),
     }
 
 
@@ -119,7 +116,10 @@ def measure(cfg: EvaluateConfig) -> dict[str, Any]:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
-    tokenizer, model, target, draft, aux_ids = _load(cfg, device, precision.name)
+    tokenizer, model, target, draft, aux_ids, target_dir = _load(cfg, device, precision.name)
+    from eagle3.evaluate.lossless import TargetRescorer, verdict
+
+    rescore = TargetRescorer(target_dir, device, precision.name, low_model=model)
     log.info("evaluate: target in %s on %s (%s); baseline and speculative decode both", precision.name, device,
              precision.reason)
     eos = eos_token_ids(model, tokenizer)
@@ -138,22 +138,23 @@ def measure(cfg: EvaluateConfig) -> dict[str, Any]:
         for prompt, ids in zip(prompts, encoded[name]):
             base = greedy_generate(target, ids, cfg.max_new_tokens, eos)
             spec = speculative_generate(target, draft, ids, cfg.max_new_tokens, eos, cfg.steps)
-            set_rows.append(_prompt_row(name, prompt, ids, base, spec, cfg.steps, tokenizer))
+            set_rows.append(_prompt_row(name, prompt, ids, base, spec, cfg.steps, tokenizer, precision.name,
+                                        rescore))
             steps += spec.steps
             progress.update(samples=1, tokens=len(spec.tokens))
-        sets[name] = _set_summary(set_rows, steps, cfg.steps)
+        sets[name] = _set_summary(set_rows, steps, cfg.steps, precision.name)
         rows += set_rows
         log.info("evaluate[%s]: tau %.3f, accept rates %s, x%.2f", name, sets[name]["acceptance_length"],
                  sets[name]["accept_rate_by_position"], sets[name]["speedup"])
     progress.finish()
 
     primary = next(iter(sets))
-    bad = [r for r in rows if not r["lossless"]]
     offline = offline_sim_accept_len(cfg.checkpoint) if cfg.checkpoint else None
     report = {
         # Headline figures are the primary (first) prompt set's; `sets` holds every set's.
         **sets[primary],
-        "lossless": not bad,
+        "lossless": all(r["lossless"] for r in rows),
+        "lossless_verdict": verdict(rows, precision.name),
         "primary_set": primary,
         "sets": sets,
         "set_order": list(sets),

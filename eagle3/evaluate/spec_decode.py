@@ -180,6 +180,15 @@ def crop_cache(cache, length: int) -> None:
     cache.crop(-extra)
 
 
+def accepted_prefix(drafts: Sequence[int], best: Sequence[int]) -> int:
+    """How many leading drafts equal the target's argmax after the position before each (best[i] follows
+    drafts[i-1]; best[0] follows the root)."""
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == best[accepted]:
+        accepted += 1
+    return accepted
+
+
 def _stop_after(token: int, produced: int, max_new_tokens: int, eos_ids: frozenset[int]) -> str | None:
     if token in eos_ids:
         return "eos"
@@ -230,9 +239,7 @@ def speculative_generate(target: TargetRunner, draft: DraftStepper, prompt_ids: 
         verified_from = cache.get_seq_length()
         logits, ver_aux = target.forward([root, *drafts], cache, all_logits=True, aux=True)
         best = logits.argmax(dim=-1).tolist()
-        accepted = 0
-        while accepted < steps and drafts[accepted] == best[accepted]:
-            accepted += 1
+        accepted = accepted_prefix(drafts, best)
         for token in [*drafts[:accepted], best[accepted]]:
             out.append(token)
             stop = _stop_after(token, len(out), max_new_tokens, eos_ids)

@@ -25,6 +25,7 @@ from typing import Any
 
 from eagle3 import acceptance, storage
 from eagle3.errors import Eagle3Error, InputError
+from eagle3.evaluate import lossless
 from eagle3.evaluate.config import EvaluateConfig
 from eagle3.serving import ServerPhases, free_port
 from eagle3.serving.process import http_request
@@ -104,7 +105,9 @@ class VLLMBenchmark:
         self.cfg = cfg
         self.phases = ServerPhases()
         self.health_timeout_s = health_timeout_s
-        self.log_dir = tempfile.mkdtemp(prefix="eagle3-vllm-logs-")
+        # The servers' logs go into the run's EVAL folder when it is local (the temp folder for s3://).
+        self.log_dir = (storage.join(cfg.out, "server-logs") if cfg.out and not storage.is_s3(cfg.out)
+                        else tempfile.mkdtemp(prefix="eagle3-vllm-logs-"))
 
     def stop(self) -> None:
         self.phases.stop()
@@ -158,20 +161,25 @@ class VLLMBenchmark:
         ids = [encode_prompt(tokenizer, p) for _, p in names]
         base = self.run_phase("baseline", self.server("baseline", target_dir, precision.name), ids)
         spec = self.run_phase("eagle3", self.server("eagle3", target_dir, precision.name), ids)
+        # A divergence is re-scored by the transformers target (fp32 and vLLM's precision), loaded only then.
+        rescore = lossless.TargetRescorer(target_dir, "cpu" if device == "cpu" else device, precision.name)
         rows = []
         for (set_name, prompt), prompt_ids, b, s in zip(names, ids, base["requests"], spec["requests"]):
             c = s["counts"]
-            rows.append({"set": set_name, "id": prompt.id, "prompt_tokens": len(prompt_ids),
-                         "new_tokens": len(s["token_ids"]), "base_tokens": len(b["token_ids"]),
-                         "stop": s["finish_reason"], "lossless": s["token_ids"] == b["token_ids"],
-                         "first_difference": _first_difference(b["token_ids"], s["token_ids"]),
-                         "acceptance_length": acceptance.tau_of([c]), "verifications": c["verifications"],
-                         "counts": c, "seconds_base": b["seconds"], "seconds_spec": s["seconds"],
-                         "token_ids": s["token_ids"], "text": s["text"][:2000]})
-        by_set = {name: _set_summary([r for r in rows if r["set"] == name], cfg.steps) for name in sets}
+            row = {"set": set_name, "id": prompt.id, "prompt_tokens": len(prompt_ids),
+                   "new_tokens": len(s["token_ids"]), "base_tokens": len(b["token_ids"]),
+                   "stop": s["finish_reason"], "acceptance_length": acceptance.tau_of([c]),
+                   "verifications": c["verifications"], "counts": c, "seconds_base": b["seconds"],
+                   "seconds_spec": s["seconds"], "token_ids": s["token_ids"], "text": s["text"][:2000]}
+            lossless.judge(row, prompt_ids, b["token_ids"], s["token_ids"], precision.name, rescore)
+            row["first_difference"] = (row.get("mismatch") or {}).get("position")
+            rows.append(row)
+        by_set = {name: _set_summary([r for r in rows if r["set"] == name], cfg.steps, precision.name)
+                  for name in sets}
         primary = next(iter(by_set))
         return {
-            **by_set[primary], "lossless": all(r["lossless"] for r in rows), "primary_set": primary,
+            **by_set[primary], "lossless": all(r["lossless"] for r in rows),
+            "lossless_verdict": lossless.verdict(rows, precision.name), "primary_set": primary,
             "sets": by_set, "set_order": list(by_set), "steps": cfg.steps, "max_new_tokens": cfg.max_new_tokens,
             "prompts_source": primary, "target": cfg.model, "draft": cfg.draft, "backend": "vllm",
             "precision": precision.to_dict(), "device": device,
@@ -182,14 +190,7 @@ class VLLMBenchmark:
         }
 
 
-def _first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def _set_summary(rows: list[dict], k: int) -> dict:
+def _set_summary(rows: list[dict], k: int, precision: str) -> dict:
     counts = [r["counts"] for r in rows]
     base_s, spec_s = sum(r["seconds_base"] for r in rows), sum(r["seconds_spec"] for r in rows)
     tps_base = sum(r["base_tokens"] for r in rows) / base_s if base_s > 0 else 0.0
@@ -199,7 +200,8 @@ def _set_summary(rows: list[dict], k: int) -> dict:
             "speedup": tps_spec / tps_base if tps_base > 0 else 0.0, "num_prompts": len(rows),
             "generated_tokens": sum(r["new_tokens"] for r in rows),
             "verifications": sum(c["verifications"] for c in counts),
-            "lossless_prompts": sum(r["lossless"] for r in rows)}
+            "lossless_prompts": sum(r["lossless"] for r in rows),
+            "lossless_verdict": lossless.verdict(rows, precision)}
 
 
 def measure(cfg: EvaluateConfig) -> dict:

@@ -12,7 +12,7 @@ import base64
 import html
 from typing import Any
 
-from eagle3.report.summary import headline_rows
+from eagle3.report.summary import headline_rows, tie_flips
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1200px;color:#222}
@@ -106,6 +106,13 @@ def _headline_section(ev: dict, cmp: dict) -> list[str]:
            "row is the headline (the publish gate compares it).</p>",
            _table(["engine", "prompt set", "prompts", "τ [95% CI]", *[f"P(accept) pos {i + 1}" for i in range(k)],
                    "tok/s speculative", "tok/s baseline", "speedup", "lossless"], table)]
+    flips = tie_flips(ev)
+    if flips:
+        out.append("<p>Tie flips (a near-tie of the target's top two tokens that the precision's rounding swapped; "
+                   "re-scored in fp32, not a failure):</p>" + _table(
+                       ["engine", "prompt", "position", "fp32 margin", "tolerance (measured rounding)"],
+                       [[f["engine"], f["id"], f["position"], round(f["margin_fp32"], 4), round(f["tolerance"], 4)]
+                        for f in flips]))
     precision = ev.get("precision") or {}
     out.append(f"<p class='muted'>{html.escape(str(ev.get('backend')))} ran on {html.escape(str(ev.get('device')))} "
                f"in {html.escape(str(precision.get('name') if isinstance(precision, dict) else precision))}; the "

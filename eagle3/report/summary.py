@@ -6,6 +6,7 @@
   lossless verdict.
 - ``lossless_text(d)``: ``lossless_verdict.text`` when evaluate wrote one ("exact", "exact up to N tie flips
   (bf16)", "FAILED"), else "exact"/"FAILED" from the ``lossless`` bool.
+- ``tie_flips(eval_report)``: every engine's tie flips with their fp32 margins and tolerances.
 - ``run_status(task_states, errors)``: which tasks failed (with their first error lines), which did not run
   because of them, which were skipped.
 """
@@ -76,6 +77,17 @@ def headline_rows(ev: dict | None) -> list[dict[str, Any]]:
             "speedup": e.get("speedup"), "lossless_text": lossless_text(e), "precision": e.get("precision"),
             "device": None})
     return rows
+
+
+def tie_flips(ev: dict | None) -> list[dict]:
+    """Every engine's tie flips (eagle3.evaluate.lossless), each with its engine's label: what the report lists
+    under the acceptance table, margins included, so a reader can judge them."""
+    ev = ev or {}
+    verdicts = {name: e.get("lossless_verdict") for name, e in (ev.get("engines") or {}).items()}
+    if not verdicts:
+        verdicts = {ev.get("backend"): ev.get("lossless_verdict")}
+    return [{"engine": engine_label(name), "precision": v.get("precision"), **t}
+            for name, v in verdicts.items() if isinstance(v, dict) for t in v.get("tie_flips") or []]
 
 
 def _verdict_of(ev: dict) -> dict:

@@ -32,19 +32,26 @@ def test_equal_engines_agree_and_a_shifted_one_is_flagged():
     assert shifted["engine_order"] == ["transformers", "vllm"]
 
 
-def test_the_report_page_and_the_demo_show_both_engines(capsys):
+def test_the_report_page_and_the_demo_show_both_engines(tmp_path, capsys):
+    import json
     import sys
     from pathlib import Path
 
-    from eagle3.report.html import _engines_section
+    from eagle3.layout import RunLayout
+    from eagle3.report.html import _headline_section
 
     report = combine({"transformers": _report([1] * 6, "transformers"), "vllm": _report([3] * 6, "vllm")},
                      "transformers")
-    html = "".join(_engines_section(report))
-    assert "Engines side by side" in html and "DISAGREE" in html and "vllm" in html
+    html = "".join(_headline_section(report, {}))
+    assert "vLLM" in html and "project decoder" in html and "DISAGREE" in html
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "demo"))
     import run_demo
 
-    run_demo._print_engines(report)
+    layout = RunLayout(str(tmp_path), run_demo.DAG_ID, "manual__1")
+    eval_dir = Path(layout.folder("eval"))
+    eval_dir.mkdir(parents=True)
+    (eval_dir / "report.json").write_text(json.dumps(report))
+    run_demo.summarize(Path(layout.dir))
     out = capsys.readouterr().out
-    assert "transformers: tau 2.000" in out and "vllm: tau 4.000" in out and "DISAGREE" in out
+    assert "project decoder (transformers) on" in out and "[2.00, 2.00]" in out
+    assert "vLLM on None (6 prompts): tau 4.000" in out and "DISAGREE beyond the intervals" in out

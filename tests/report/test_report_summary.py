@@ -21,8 +21,13 @@ def _eval_report() -> dict:
             "engines": {"transformers": {"tau": 1.86, "tau_interval": [1.55, 2.26], "accept_rate_by_position":
                                          [0.48, 0.49, 0.62], "tokens_per_s_spec": 19.2, "tokens_per_s_base": 21.1,
                                          "speedup": 0.91, "lossless": True, "prompts": 5, "precision": "bfloat16",
-                                         "lossless_verdict": {"verdict": "tie_flips", "tie_flips": 2,
-                                                              "text": "exact up to 2 tie flips (bf16)"}},
+                                         "lossless_verdict": {
+                                             "text": "exact up to 2 tie flips (bf16)", "passed": True,
+                                             "precision": "bfloat16", "failed": [],
+                                             "tie_flips": [{"id": "HumanEval/0", "position": 29, "margin_fp32": -0.16893,
+                                                            "tolerance": 0.50221},
+                                                           {"id": "HumanEval/7", "position": 37, "margin_fp32": 0.023,
+                                                            "tolerance": 0.3505}]}},
                         "vllm": {"tau": 1.86, "tau_interval": [1.55, 2.26], "accept_rate_by_position": [0.48, 0.49, 0.62],
                                  "tokens_per_s_spec": 25.3, "tokens_per_s_base": 15.4, "speedup": 1.64,
                                  "lossless": True, "prompts": 5, "precision": "bfloat16"}},
@@ -43,7 +48,7 @@ def test_headline_rows_pair_each_tau_with_its_own_engine_and_set():
 def test_lossless_text_prefers_evaluates_verdict():
     assert lossless_text({"lossless": True}) == "exact" and lossless_text({"lossless": False}) == "FAILED"
     assert lossless_text({}) == "n/a"
-    assert lossless_text({"lossless": False, "lossless_verdict": {"text": "FAILED", "verdict": "failed"}}) == "FAILED"
+    assert lossless_text({"lossless": False, "lossless_verdict": {"text": "FAILED", "passed": False}}) == "FAILED"
 
 
 def test_report_html_escapes_artifact_text_once_and_never_its_own_markup():
@@ -62,4 +67,6 @@ def test_report_html_escapes_artifact_text_once_and_never_its_own_markup():
     assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
     assert "evaluate failed" in page and "vllm: differs &lt;b&gt;here&lt;/b&gt;" in page
     assert "<code>publish</code>" in page and "written 2026-12-01 10:00:00 UTC" in page
-    assert page.count("<div class='scroll'><table>") == page.count("<table>") == 1  # each in its own box
+    assert page.count("<div class='scroll'><table>") == page.count("<table>") == 2  # each in its own box
+    # the tie flips are listed with their margins, under the acceptance table
+    assert "<td>HumanEval/0</td><td>29</td><td>-0.169</td><td>0.502</td>" in page

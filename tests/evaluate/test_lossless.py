@@ -1,0 +1,104 @@
+"""The lossless verdict in every precision: tie flips told from decoder bugs (eagle3.evaluate.lossless)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eagle3.errors import GateFailed
+from eagle3.evaluate import EvaluateConfig, evaluate, lossless, spec_decode
+
+
+def test_a_near_tie_within_the_measured_rounding_is_a_tie_flip():
+    # Hand-computed: the fp32 margin of tokens 0 and 1 is 0.02; the low-precision logits carry errors
+    # -0.012 / +0.010 / 0 / 0 on the top tokens, a spread of 0.022, so two runs can swap tokens 0.044 apart.
+    l32 = torch.tensor([1.00, 0.98, 0.5, 0.2])
+    low = torch.tensor([0.988, 0.99, 0.5, 0.2])
+    tie = lossless.classify(l32, low, 0, 1, "bfloat16")
+    assert tie["noise"] == pytest.approx(0.022, abs=1e-6) and tie["tolerance"] == pytest.approx(0.044, abs=1e-6)
+    assert tie["tie"] and tie["margin_fp32"] == pytest.approx(0.02, abs=1e-6) and tie["fp32_argmax"] == 0
+    assert tie["margin_low"] == pytest.approx(-0.002, abs=1e-6)  # flipped in low precision
+    # The same rounding cannot explain a token 0.5 below the argmax (a wrongly accepted draft token) ...
+    assert not lossless.classify(l32, low, 0, 2, "bfloat16")["tie"]
+    # ... and with no noise measured the floor is two units of bf16 rounding (2^-8 relative) of the logits:
+    near = torch.tensor([5.00, 4.97, 1.0])
+    flat = lossless.classify(near, near, 0, 1, "bfloat16")
+    assert flat["noise"] == 0 and flat["tolerance"] == pytest.approx(2 * 2 ** -8 * 5.0) and flat["tie"]
+    assert not lossless.classify(l32, l32, 0, 1, "bfloat16")["tie"]  # 0.02 > 2 * 2^-8 * 1.0
+    # In fp32 that floor is 2^-23 relative: only an exact tie passes.
+    assert not lossless.classify(near, near, 0, 1, "float32")["tie"]
+    assert lossless.classify(torch.tensor([3.0, 3.0]), torch.tensor([3.0, 3.0]), 0, 1, "float32")["tie"]
+
+
+def test_the_verdict_texts_and_a_stop_difference():
+    calls = []
+
+    def rescore(prefix):
+        calls.append(prefix)
+        return torch.tensor([2.0, 1.999, 0.0]), torch.tensor([2.0, 1.999, 0.0])
+
+    exact = lossless.judge({"id": "a"}, [7, 8], [1, 2, 0], [1, 2, 0], "bfloat16", rescore)
+    flip = lossless.judge({"id": "b"}, [7, 8], [1, 0, 2], [1, 1, 2], "bfloat16", rescore)
+    assert calls == [[7, 8, 1]]  # re-scored once, at the prefix before the first difference
+    assert exact["exact"] and exact["lossless"] and "mismatch" not in exact
+    assert not flip["exact"] and flip["lossless"] and flip["tie_flip"]["position"] == 1
+    assert lossless.verdict([exact], "bfloat16")["text"] == "exact"
+    v = lossless.verdict([exact, flip], "bfloat16")
+    assert v["text"] == "exact up to 1 tie flip (bf16)" and v["passed"] and v["exact_prompts"] == 1
+    stopped = lossless.judge({"id": "c"}, [7], [1, 2], [1, 2, 3], "bfloat16", rescore)  # one went on after a stop
+    assert not stopped["lossless"] and stopped["mismatch"]["speculative_token"] == 3 and len(calls) == 1
+    failed = lossless.verdict([exact, flip, stopped], "bfloat16")
+    assert failed["text"] == "FAILED" and not failed["passed"] and [f["id"] for f in failed["failed"]] == ["c"]
+
+
+def _evaluate(smollm2_dir, tmp_path, draft, precision, limit, max_new_tokens):
+    cfg = EvaluateConfig(model=smollm2_dir, draft=draft, out=str(tmp_path / f"eval-{precision}"), prompts="humaneval",
+                         limit=limit, max_new_tokens=max_new_tokens, device="cpu", precision=precision, warmup=False)
+    try:
+        evaluate(cfg)
+        error = None
+    except GateFailed as e:
+        error = str(e)
+    return json.loads((tmp_path / f"eval-{precision}" / "report.json").read_text()), error
+
+
+@pytest.fixture(scope="module")
+def smol_draft(smollm2_dir, tmp_path_factory, make_draft):
+    # Target-initialised and untrained: right now and then, so both the accept and reject paths run.
+    return make_draft(smollm2_dir, tmp_path_factory.mktemp("draft"), init="target", vd=8192)
+
+
+@pytest.mark.slow
+def test_bf16_forced_on_smollm2_is_exact_up_to_tie_flips(smollm2_dir, tmp_path, smol_draft):
+    """bf16 forced (on any machine: only slower without a matrix engine), 10 HumanEval prompts of 64 tokens."""
+    report, error = _evaluate(smollm2_dir, tmp_path, smol_draft, "bfloat16", 10, 64)
+    v = report["lossless_verdict"]
+    assert report["precision"]["name"] == "bfloat16" and report["dtype"] == "bfloat16"
+    assert error is None and v["passed"] and report["lossless"], v
+    assert v["text"] == "exact" or v["text"].startswith("exact up to ") and v["text"].endswith("(bf16)")
+    assert v["exact_prompts"] + len(v["tie_flips"]) == v["prompts"] == 10
+    for t in v["tie_flips"]:  # each one re-scored, and within the rounding measured at its prefix
+        assert abs(t["margin_fp32"]) <= t["tolerance"] < 1.0
+        assert t["fp32_argmax"] in (t["baseline_token"], t["speculative_token"]) or t["noise"] > 0
+    print(f"\nbf16 SmolLM2, 10x64: {v['text']}; tie flips "
+          f"{[(t['id'], t['position'], round(t['margin_fp32'], 4), round(t['tolerance'], 4)) for t in v['tie_flips']]}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_a_planted_decoder_bug_fails_in_both_precisions(smollm2_dir, tmp_path, smol_draft, monkeypatch, precision):
+    """Off by one: the first rejected draft token is accepted too. The gate must fail; no rounding explains it."""
+    right = spec_decode.accepted_prefix
+
+    def one_too_many(drafts, best):
+        n = right(drafts, best)
+        return min(n + 1, len(drafts))
+
+    monkeypatch.setattr(spec_decode, "accepted_prefix", one_too_many)
+    report, error = _evaluate(smollm2_dir, tmp_path, smol_draft, precision, 3, 32)
+    v = report["lossless_verdict"]
+    assert v["text"] == "FAILED" and not v["passed"] and not report["lossless"]
+    assert error is not None and "fp32 margin" in error and "not lossless" not in error
+    assert all(abs(f["margin_fp32"]) > f["tolerance"] for f in v["failed"] if "margin_fp32" in f)
