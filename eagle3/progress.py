@@ -35,12 +35,18 @@ class Progress:
         self.tokens = 0
         self.start = time.monotonic()
         self._last = 0.0
+        # (time, tokens) at the first update with work done: the rate is measured from there on. Before it,
+        # the time is start-up and, for batched or concurrent work, a batch in flight; a rate over that
+        # reads "1 tok/s, ETA 2h29m" for a task that takes a minute.
+        self._first: tuple[float, int] | None = None
         self.log = logger or log
 
     def update(self, samples: int, tokens: int, force: bool = False) -> None:
         self.samples += samples
         self.tokens += tokens
         now = time.monotonic()
+        if self._first is None and self.tokens > 0:
+            self._first = (now, self.tokens)
         if force or now - self._last >= self.every_s:
             self._last = now
             self.log.info(self.line())
@@ -51,17 +57,27 @@ class Progress:
             return max(min(projected, self.total_tokens), self.tokens, 1)
         return self.total_tokens
 
+    def rate(self) -> float | None:
+        """Tokens per second since the first update that did work; None until a later one did more."""
+        if self._first is None:
+            return None
+        t0, n0 = self._first
+        dt, dn = time.monotonic() - t0, self.tokens - n0
+        return dn / dt if dn > 0 and dt > 0 else None
+
     def line(self) -> str:
         elapsed = max(time.monotonic() - self.start, 1e-9)
-        rate = self.tokens / elapsed
         total = self.expected_tokens()
-        left = (total - self.tokens) / rate if rate > 0 else float("inf")
-        eta = fmt_duration(left) if left != float("inf") else "?"
+        rate = self.rate()
+        if rate is None:
+            speed = "measuring the rate (after the first batch)"
+        else:
+            speed = f"{rate:,.0f} tok/s, ETA {fmt_duration(max(total - self.tokens, 0) / rate)}"
         approx = "~" if self.tokens_are_upper_bound else ""
         return (
             f"{self.stage}: {self.samples}/{self.total_samples} samples, "
             f"{self.tokens}/{approx}{total} tokens ({100 * self.tokens / total:.1f}%), "
-            f"{rate:,.0f} tok/s, elapsed {fmt_duration(elapsed)}, ETA {eta}"
+            f"elapsed {fmt_duration(elapsed)}, {speed}"
         )
 
     def finish(self) -> None:

@@ -505,16 +505,37 @@ def staged_dir(uri: str | os.PathLike) -> Iterator[Path]:
 
 
 def local_dir(uri: str | os.PathLike) -> str:
-    """A local copy of a whole directory (S3 prefixes are downloaded into the cache)."""
+    """A local copy of a whole directory (S3 prefixes are mirrored into the cache).
+
+    Each file is copied from its ETag-keyed `local_path`, and the mirror remembers which object version
+    each of its files is (``<mirror>.etags.json``): a re-uploaded object is copied again even when its size
+    did not change (a re-exported draft of the same shapes), and a file no longer under the prefix leaves
+    the mirror, so a reader never sees a stale or a deleted file."""
     uri = str(uri)
     if not is_s3(uri):
         return uri
     bucket, key = split_s3(uri)
     root = cache_dir() / "s3dirs" / bucket / key.strip("/")
-    for name in list_files(uri):
-        src = local_path(join(uri, name))
+    index_path = root.with_name(root.name + ".etags.json")
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, ValueError):
+        index = {}
+    names = list_files(uri)
+    current = {}
+    for name in names:
+        src = local_path(join(uri, name))  # its file name carries the object's ETag
         dest = root / name
-        if not dest.exists() or dest.stat().st_size != os.path.getsize(src):
+        if index.get(name) != os.path.basename(src) or not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dest)
+            tmp = dest.with_name(dest.name + TMP_SUFFIX)
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dest)
+        current[name] = os.path.basename(src)
+    if root.exists():
+        for path in root.rglob("*"):
+            if path.is_file() and not path.name.endswith(TMP_SUFFIX) and str(path.relative_to(root)) not in current:
+                path.unlink()
+    index_path.parent.mkdir(parents=True, exist_ok=True)
+    index_path.write_text(json.dumps(current, sort_keys=True))
     return str(root)

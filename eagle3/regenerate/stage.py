@@ -242,6 +242,8 @@ def _engine_server(cfg: RegenerateConfig):
     from eagle3.serving import free_port
 
     port = cfg.server_port or free_port()
+    # Its log goes into the regenerated folder when that is local (each start a fresh one, the previous kept).
+    log_path = None if storage.is_s3(cfg.out) else storage.join(cfg.out, f"{cfg.server}-server.log")
     if cfg.server == "vllm":
         from eagle3.devices import resolve_device, resolve_precision
         from eagle3.serving.vllm import VLLMServer
@@ -253,11 +255,11 @@ def _engine_server(cfg: RegenerateConfig):
         tp = ["--tensor-parallel-size", str(cfg.server_tp)] if cfg.server_tp > 1 else []
         # On CPU torch.compile made a start 4 min longer here (docs/vllm.md); on GPUs CUDA graphs pay off.
         return VLLMServer(resolve_model(cfg.model), port=port, dtype=dtype, served_model_name=cfg.model,
-                          enforce_eager=device == "cpu", extra_args=[*tp, *cfg.server_args])
+                          enforce_eager=device == "cpu", extra_args=[*tp, *cfg.server_args], log_path=log_path)
     from eagle3.serving.sglang import SGLangServer
 
     return SGLangServer(cfg.model, tp=cfg.server_tp, port=port, extra_args=cfg.server_args,
-                        module=os.environ.get("EAGLE3_SGLANG_MODULE", "sglang.launch_server"))
+                        module=os.environ.get("EAGLE3_SGLANG_MODULE", "sglang.launch_server"), log_path=log_path)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -82,9 +83,11 @@ class ManagedServer:
 
     def __init__(self, port: int, host: str = "127.0.0.1", log_path: str | None = None,
                  env: dict[str, str] | None = None):
-        """``env`` is added to the server's environment; ``log_path`` receives its stdout and stderr."""
+        """``env`` is added to the server's environment; ``log_path`` receives its stdout and stderr, fresh at
+        every start (see `start`); without one, each start writes a new file in the temp folder."""
         self.port, self.host = int(port), host
-        self.log_path = log_path or os.path.join("/tmp", f"{self.engine}-server-{self.port}.log")
+        self._given_log = log_path
+        self.log_path = log_path or ""
         self.env = dict(env or {})
         self.proc: subprocess.Popen | None = None
         self._external_url: str | None = None
@@ -119,9 +122,18 @@ class ManagedServer:
         if self._external_url or self.proc is not None:
             return self
         env = {**os.environ, **self.server_env()}
-        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        # A fresh log per start: the failure diagnosis reads the whole file, and an earlier server's error on
+        # the same port or path must not be reported as this one's. A given path's previous log is kept beside.
+        if self._given_log:
+            self.log_path = self._given_log
+            Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+            if os.path.exists(self.log_path):
+                os.replace(self.log_path, self.log_path + ".previous")
+        else:
+            fd, self.log_path = tempfile.mkstemp(prefix=f"{self.engine}-server-{self.port}-", suffix=".log")
+            os.close(fd)
         log.info("starting %s: %s (log %s)", self.engine, " ".join(self.command()), self.log_path)
-        with open(self.log_path, "ab") as logf:
+        with open(self.log_path, "wb") as logf:
             # A new session makes the server the leader of its own process group,
             # so stop() can signal it together with every worker it spawns.
             self.proc = subprocess.Popen(self.command(), stdout=logf, stderr=subprocess.STDOUT, env=env,

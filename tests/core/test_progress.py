@@ -23,4 +23,22 @@ def test_exact_total_is_kept(caplog):
     caplog.set_level(logging.INFO, logger="t")
     p = Progress("extract", total_samples=4, total_tokens=1000, every_s=0, logger=logging.getLogger("t"))
     p.update(samples=1, tokens=100)
-    assert "100/1000 tokens (10.0%)" in caplog.text and "ETA" in caplog.text
+    assert "100/1000 tokens (10.0%)" in caplog.text
+
+
+def test_no_eta_until_a_rate_is_measured(caplog, monkeypatch):
+    """The first batch's time includes start-up and the batch in flight: no rate from it; from the first
+    batch on, the rate is what the later batches took."""
+    import eagle3.progress as progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    caplog.set_level(logging.INFO, logger="t")
+    p = Progress("regenerate[x]", total_samples=4, total_tokens=400, every_s=0, logger=logging.getLogger("t"))
+    now[0] = 60.0  # the first batch done after a minute of start-up
+    p.update(samples=1, tokens=100)
+    first = caplog.records[-1].getMessage()
+    assert "ETA" not in first and "tok/s" not in first and "measuring the rate" in first
+    now[0] = 70.0
+    p.update(samples=1, tokens=100)  # 100 tokens in the 10 s since the first batch: 10 tok/s, 200 left
+    assert caplog.records[-1].getMessage().endswith("10 tok/s, ETA 0m20s")

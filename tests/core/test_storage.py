@@ -55,6 +55,21 @@ def test_s3_folders_upload_a_tree_on_success_only(s3_bucket, folder):
     assert storage.list_files(f"{s3_bucket}/out2") == []
 
 
+def test_local_dir_follows_a_reupload_of_the_same_size_and_a_deletion(s3_bucket, tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    draft = f"{s3_bucket}/drafts/d1"
+    storage.write_bytes(f"{draft}/model.safetensors", b"old weights")
+    storage.write_bytes(f"{draft}/extra.json", b"{}")
+    first = storage.local_dir(draft)
+    assert open(os.path.join(first, "model.safetensors"), "rb").read() == b"old weights"
+    # a re-export: same shapes, so the same size, other bytes; and a file the new export no longer has
+    storage.write_bytes(f"{draft}/model.safetensors", b"new weights")
+    storage.delete(f"{draft}/extra.json")
+    again = storage.local_dir(draft)
+    assert again == first and open(os.path.join(again, "model.safetensors"), "rb").read() == b"new weights"
+    assert sorted(os.listdir(again)) == ["model.safetensors"]
+
+
 def test_local_write_is_atomic_no_temp_left(tmp_path):
     p = tmp_path / "x" / "y.json"
     storage.write_json(p, [1, 2])
