@@ -132,5 +132,5 @@ class HFBackend:
                     break
             text = self.tok.decode(row[:n], skip_special_tokens=True).strip()
             results.append(Completion(content=text, prompt_tokens=len(prompt), completion_tokens=n,
-                                      finish_reason=finish))
+                                      finish_reason=finish, token_ids=row[:n]))
         return results

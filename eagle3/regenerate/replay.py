@@ -32,6 +32,7 @@ class Completion:
     reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     attempts: int = 1  # HTTP attempts it took (1 = no retry)
+    token_ids: list[int] | None = None  # the generated ids, where the backend has them (hf); not stored
 
 
 class RequestFailed(Exception):

@@ -87,13 +87,10 @@ def test_bad_values_are_refused_by_every_stage_config():
 
 
 def test_the_cli_offers_the_shared_choices():
-    import argparse
+    from eagle3.cli import build_parser
 
-    from eagle3.extract import cli
-
-    p = argparse.ArgumentParser()
-    cli.add_arguments(p)
-    args = ["--merged", "m", "--model", "t", "--out", "o"]
+    p = build_parser()
+    args = ["extract", "--merged", "m", "--model", "t", "--out", "o"]
     assert p.parse_args([*args, "--precision", "bfloat16"]).precision == "bfloat16"
     with pytest.raises(SystemExit):
         p.parse_args([*args, "--precision", "half"])

@@ -76,11 +76,28 @@ def test_unsupported_layouts_fall_back_with_a_reason(overrides, reason):
         lean_llama.LeanLlama(model)
 
 
-def test_capture_uses_the_lean_path_on_cpu_and_agrees_with_transformers(tiny_llama_dir):
-    lean, hf = TargetCapture(tiny_llama_dir, "cpu"), TargetCapture(tiny_llama_dir, "cpu", lean=False)
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_capture_uses_the_lean_path_on_cpu_and_agrees_with_transformers(tiny_llama_dir, precision):
+    lean = TargetCapture(tiny_llama_dir, "cpu", precision=precision)
+    hf = TargetCapture(tiny_llama_dir, "cpu", lean=False, precision=precision)
     assert lean.forward_path == "lean" and hf.forward_path == "transformers (disabled)"
     seqs = [list(range(3, 3 + n)) for n in (9, 40, 23)]
     a1, l1, n1 = lean.forward(seqs)
     a2, l2, n2 = hf.forward(seqs)
     assert n1 == n2 == [9, 40, 23] and a1.shape == a2.shape == (72, 3 * lean.hidden_size)
-    assert torch.allclose(a1, a2, atol=2e-5, rtol=1e-4) and torch.allclose(l1, l2, atol=2e-5, rtol=1e-4)
+    if precision == "float32":
+        assert torch.allclose(a1, a2, atol=2e-5, rtol=1e-4) and torch.allclose(l1, l2, atol=2e-5, rtol=1e-4)
+    else:
+        # bf16: the lean forward keeps its residual stream in fp32, transformers' is bf16; both are within
+        # bf16 rounding of the fp32 forward, so of each other (measured ~0.3-0.6%: 2^-8 per value, 8 layers).
+        ref = TargetCapture(tiny_llama_dir, "cpu", lean=False, precision="float32")
+        a3, l3, _ = ref.forward(seqs)
+        for got in (a1, a2):
+            assert _rel(got, a3) < 2e-2
+        for got in (l1, l2):
+            assert _rel(got, l3) < 2e-2
+        assert _rel(a1, a2) < 2e-2 and _rel(l1, l2) < 2e-2

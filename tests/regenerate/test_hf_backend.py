@@ -15,23 +15,49 @@ PROMPTS = [[{"role": "user", "content": "hi"}],
            [{"role": "user", "content": "what is two plus two, explain in detail please"}]]
 
 
-async def _answers(model: str, batch_size: int, prompts) -> list:
-    async with HFBackend(model, batch_size=batch_size, max_tokens=12) as b:
+async def _answers(model: str, batch_size: int, prompts, precision: str = "float32") -> list:
+    async with HFBackend(model, batch_size=batch_size, max_tokens=12, precision=precision) as b:
         results = await asyncio.gather(*(b.complete(p) for p in prompts))
         return results, b.batches
 
 
 @pytest.fixture(scope="module")
 def runs(tiny_llama_dir):
-    """The same prompts generated as one batch and one by one (loaded once: this CPU is shared)."""
+    """The same prompts generated as one batch and one by one, in fp32 (loaded once: this CPU is shared)."""
     return asyncio.run(_answers(tiny_llama_dir, 8, PROMPTS)), asyncio.run(_answers(tiny_llama_dir, 1, PROMPTS))
 
 
 def test_batched_greedy_equals_one_by_one(runs):
+    """fp32: left padding, its mask and the positions change no token."""
     (batched, n_batches), (single, n_single) = runs
     assert n_batches == 1 and n_single == 3  # the requests really were batched together
     assert [c.content for c in batched] == [c.content for c in single]
     assert [c.completion_tokens for c in batched] == [c.completion_tokens for c in single]
+    assert [c.token_ids for c in batched] == [c.token_ids for c in single]
+
+
+def test_batched_bf16_differs_only_by_tie_flips(tiny_llama_dir):
+    """bf16 (what the policy picks on an AMX/AVX512-BF16 CPU): the random model's top logits are ~0.6-0.7 apart
+    by ~0.005, under one bf16 step (2^-8 relative), so a batched and a single run may swap two tokens. Every
+    first difference must be such a tie: re-scored in fp32, within the rounding measured at that prefix."""
+    import torch
+
+    from eagle3.evaluate.lossless import classify, first_difference
+    from eagle3.target import load_model, load_tokenizer
+
+    (batched, _), (single, _) = (asyncio.run(_answers(tiny_llama_dir, n, PROMPTS, "bfloat16")) for n in (8, 1))
+    tok = load_tokenizer(tiny_llama_dir)
+    m32, m16 = load_model(tiny_llama_dir, precision="float32"), load_model(tiny_llama_dir, precision="bfloat16")
+    for prompt, b, s in zip(PROMPTS, batched, single):
+        at = first_difference(b.token_ids, s.token_ids)
+        if at is None:
+            continue
+        ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids) + s.token_ids[:at]
+        with torch.no_grad():
+            l32, l16 = (m(input_ids=torch.tensor([ids])).logits[0, -1] for m in (m32, m16))
+        verdict = classify(l32, l16, s.token_ids[at], b.token_ids[at], "bfloat16")
+        assert verdict["tie"], verdict
 
 
 def test_accounting_counts_template_tokens(tiny_llama_dir, runs):
