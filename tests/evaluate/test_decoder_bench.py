@@ -75,21 +75,24 @@ def test_both_decodes_run_at_one_named_precision(tiny_llama_dir, tiny_draft, pro
         assert report["dtype"] == want.name and report["lossless"] is True
 
 
-def test_a_mismatch_message_points_at_the_precision():
+def test_a_mismatch_message_names_the_prompt_and_its_fp32_margin():
     from eagle3.errors import GateFailed
     from eagle3.evaluate.gate import gate
 
-    def report(precision):
+    def report(precision, **rescored):
         return {"prompts": [{"id": "p1", "lossless": False, "mismatch": {"position": 3, "baseline_token": 7,
-                                                                          "speculative_token": 9}}],
+                                                                          "speculative_token": 9, **rescored}},
+                            {"id": "p2", "lossless": True, "tie_flip": {"position": 5}}],
                 "precision": {"name": precision}, "device": "cpu"}
 
-    with pytest.raises(GateFailed, match=r"(?s)transformers:.*prompt p1: first difference at generated position 3 "
-                                         r"\(baseline token 7, speculative token 9\).*--precision float32"):
-        gate({"transformers": report("bfloat16")}, "r.json")
+    with pytest.raises(GateFailed, match=r"(?s)transformers: speculative output differs from the baseline on 1 "
+                                         r"prompt\(s\):\n  prompt p1: first difference at generated position 3 "
+                                         r"\(baseline token 7, speculative token 9\); fp32 margin 1.2500 is beyond "
+                                         r"the 0.0400 that rounding can flip \(fp32 argmax 7\).*re-scored"):
+        gate({"transformers": report("bfloat16", margin_fp32=1.25, tolerance=0.04, fp32_argmax=7)}, "r.json")
     with pytest.raises(GateFailed) as e:
         gate({"vllm": report("float32")}, "r.json")
-    assert "near-tie" not in str(e.value) and "vllm:" in str(e.value)
+    assert "vllm:" in str(e.value) and "p2" not in str(e.value)  # a tie flip is no failure
 
 
 def test_evaluate_reports_each_prompt_set(tiny_llama_dir, tiny_draft, prompts, tmp_path):
