@@ -12,7 +12,13 @@ written, next to the 8H+5 formula; the format does not depend on the precision).
 A precision whose peak is under 10% of the best (bf16 on an AVX2-only CPU) runs on the
 first --slow-samples samples only, so the bench stays short.
 
+``--engines transformers,vllm`` also runs the vllm engine (a vLLM server in extraction mode) on the same
+samples at each precision: its tokens/s (the forward only; the server's start is reported apart) next to
+the transformers engine's, and for every run the peak memory (PSS summed over this process and all its
+descendants, the server's workers included; and the part of it above the level before the run).
+
     .venv/bin/python bench/extract_bench.py --samples 300 --out bench/extract_bench.json
+    .venv/bin/python bench/extract_bench.py --samples 100 --precisions bfloat16 --engines transformers,vllm
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import random
 import tempfile
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +57,64 @@ def write_samples(folder: Path, n: int, seed: int, vocab: int, max_len: int) -> 
         "loss_mask": pa.array([r[2] for r in rows], pa.list_(pa.uint8())),
     }), folder / "train.parquet")
     return [len(r[1]) for r in rows]
+
+
+def _memory_of(pid: int) -> int:
+    """Proportional set size of a process in bytes (shared pages split among their users), else its RSS."""
+    for name, key in (("smaps_rollup", "Pss:"), ("status", "VmRSS:")):
+        try:
+            for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            continue
+    return 0
+
+
+def _family(root: int) -> list[int]:
+    """root and every live descendant (a vLLM server runs in a session of its own, but stays our child)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += [p for p, parent in parents.items() if parent == pid]
+    return out
+
+
+class PeakMemory:
+    """Samples the memory of this process and its descendants every ``every_s`` while the block runs."""
+
+    def __init__(self, every_s: float = 0.5):
+        self.every_s, self.peak, self._stop = every_s, 0, threading.Event()
+        self.before = self.total()
+
+    @staticmethod
+    def total() -> int:
+        return sum(_memory_of(p) for p in _family(os.getpid()))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.peak = max(self.peak, self.total())
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.before)
+
+    def to_dict(self) -> dict:
+        return {"peak_mib": round(self.peak / 2**20), "added_mib": round((self.peak - self.before) / 2**20)}
 
 
 def planned_padding(lengths: list[int], budget: int) -> float:
@@ -87,6 +153,8 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     p.add_argument("--no-compare", dest="compare_transformers", action="store_false",
                    help="skip the second run through the transformers forward")
+    p.add_argument("--engines", default="transformers",
+                   help="comma-separated extract engines to run on the same samples (transformers, vllm)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
@@ -99,6 +167,11 @@ def main(argv=None) -> dict:
     from eagle3.extract.store import HiddenStateStore
 
     precisions = [check_precision(x.strip(), "--precisions") for x in args.precisions.split(",") if x.strip()]
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    paths = [("lean", True, "transformers"), ("transformers", False, "transformers")] if "transformers" in engines else []
+    if not args.compare_transformers:
+        paths = paths[:1]
+    paths += [("vllm", True, "vllm")] if "vllm" in engines else []
     policy = resolve_precision("auto", "cpu")
     cap = TargetCapture(args.model, "cpu", precision="float32")  # shapes and parameter count only
     with tempfile.TemporaryDirectory(prefix="extract-bench-") as tmp:
@@ -114,26 +187,27 @@ def main(argv=None) -> dict:
         for precision in precisions:
             slow = is_slow_path(before, precision)
             merged, used = (tmp / "merged-slow", slow_lengths) if slow else (tmp / "merged", lengths)
-            for path, lean in (("lean", True), ("transformers", False)):
+            for path, lean, engine in paths:
                 cfg = ExtractConfig(merged=str(merged), model=args.model, out=str(tmp / f"store-{precision}-{path}"),
                                     device="cpu", token_budget=args.token_budget, progress_every_s=30,
-                                    lean_forward=lean, precision=precision)
+                                    lean_forward=lean, precision=precision, engine=engine)
                 t0, c0 = time.perf_counter(), time.process_time()
-                s = extract(cfg)
+                with PeakMemory() as mem:
+                    s = extract(cfg)
                 runs[(precision, path)] = {"summary": s, "wall": time.perf_counter() - t0, "forward": s["forward"],
-                                           "cpu_s": time.process_time() - c0,
+                                           "cpu_s": time.process_time() - c0, "memory": mem.to_dict(),
                                            "samples": len(used), "flops": model_flops(cap, used), "slow": slow}
-                if not args.compare_transformers:
-                    break
         peaks = mm_peaks("cpu", earlier=before)
         best = best_peak(peaks)
-        for (precision, _), r in runs.items():
+        for (precision, path), r in runs.items():
             forward_s = r["summary"]["tokens"] / r["summary"]["tokens_per_s"]
             r["achieved"] = r["flops"] / forward_s / 1e9
             r["of_best"], r["of_own"] = r["achieved"] / best.gflops, r["achieved"] / peaks[precision].gflops
             # By CPU time of the whole stage call (model load, encode and writes included: a lower bound), against
             # the CPU-time peak: what a shared CPU, whose other jobs stretch wall time, still measures fairly.
             r["of_best_cpu"] = r["flops"] / r["cpu_s"] / 1e9 / best_peak(peaks, cpu_time=True).gflops_cpu
+            if path == "vllm":  # its forward runs in the server's processes, not on this process's CPU clock
+                r["of_best_cpu"] = None
 
         stored = {}
         small = tmp / "small"
@@ -163,7 +237,10 @@ def main(argv=None) -> dict:
                   "tokens": r["summary"]["tokens"], "tokens_per_s": r["summary"]["tokens_per_s"],
                   "model_gflops_per_s": round(r["achieved"], 1), "fraction_of_best_peak": round(r["of_best"], 3),
                   "fraction_of_own_peak": round(r["of_own"], 3),
-                  "fraction_of_best_peak_cpu_time": round(r["of_best_cpu"], 3), "slow_path_subset": r["slow"]}
+                  "fraction_of_best_peak_cpu_time": r["of_best_cpu"] and round(r["of_best_cpu"], 3),
+                  "slow_path_subset": r["slow"],
+                  "memory": r["memory"], "server_start_s": r["summary"].get("server_start_s"),
+                  "wall_s": round(r["wall"], 1)}
                  for (prec, path), r in runs.items()],
         "bytes_per_token": stored,
     }
@@ -175,8 +252,11 @@ def main(argv=None) -> dict:
         sub = f", first {r['samples']} samples (slow path)" if r["slow"] else ""
         print(f"{'extract ' + precision + ' ' + path:28s} {r['summary']['tokens_per_s']:.0f} tok/s, "
               f"{r['achieved']:.1f} GFLOP/s -> {100 * r['of_best']:.0f}% of the best peak, "
-              f"{100 * r['of_own']:.0f}% of the {precision} peak; by CPU time {100 * r['of_best_cpu']:.0f}% of the "
-              f"best ({r['summary']['tokens']} tokens{sub})")
+              f"{100 * r['of_own']:.0f}% of the {precision} peak; "
+              + (f"by CPU time {100 * r['of_best_cpu']:.0f}% of the best " if r["of_best_cpu"] is not None else "")
+              + f"({r['summary']['tokens']} tokens{sub}); peak memory {r['memory']['peak_mib']} MiB "
+              f"({r['memory']['added_mib']:+d} MiB in the run)"
+              + (f"; server start {r['summary']['server_start_s']:.0f} s (not in tok/s)" if path == "vllm" else ""))
     print(f"{'padding share':28s} {100 * head['summary']['padding_share']:.2f}% measured; "
           f"{100 * planned:.2f}% planned for {args.plan_samples} samples")
     for option, b in stored.items():
