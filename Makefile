@@ -74,10 +74,15 @@ airflow:
 	$(BIN)/python demo/run_demo.py --data-only
 	$(BIN)/airflow standalone
 
+# Two workers, a test module per worker at a time (its module fixtures, e.g. a vLLM server, start once). The
+# tests marked `precision` run twice, with the policy forced to each precision, whatever this machine picks.
+PYTEST := $(BIN)/python -m pytest tests -q --timeout=1800
 test:
 	$(MAKE) -j2 venv-test vllm
 	$(MAKE) airflow-home
-	$(BIN)/python -m pytest tests -q --timeout=1800 --durations=25
+	$(PYTEST) -n 2 --dist loadscope --durations=25 -m "not precision"
+	EAGLE3_PRECISION=float32 $(PYTEST) -m precision
+	EAGLE3_PRECISION=bfloat16 $(PYTEST) -m precision
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(AIRFLOW_HOME) artifacts

@@ -11,6 +11,8 @@ from eagle3.errors import GateFailed
 from eagle3.evaluate import EvaluateConfig, evaluate
 from eagle3.evaluate.decoder_bench import offline_sim_accept_len
 
+pytestmark = pytest.mark.precision  # the numbers follow the precision policy (make test forces both)
+
 
 
 

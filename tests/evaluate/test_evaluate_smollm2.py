@@ -8,6 +8,8 @@ import pytest
 
 from eagle3.evaluate import EvaluateConfig, evaluate
 
+pytestmark = pytest.mark.precision  # the numbers follow the precision policy (make test forces both)
+
 
 @pytest.mark.slow
 def test_speculative_equals_greedy_on_smollm2(smollm2_dir, tmp_path, make_draft):

@@ -9,6 +9,8 @@ from eagle3.evaluate.spec_decode import (
     Eagle3DraftStepper, TargetRunner, greedy_generate, speculative_generate,
 )
 
+pytestmark = pytest.mark.precision  # the numbers follow the precision policy (make test forces both)
+
 EOS = frozenset({2})
 
 

@@ -14,6 +14,8 @@ from eagle3.extract.store import HiddenStateStore, target_logprobs
 
 from extract_testdata import make_samples, write_merged
 
+pytestmark = pytest.mark.precision  # the numbers follow the precision policy (make test forces both)
+
 
 def _cfg(merged, model, out, **kw):
     return ExtractConfig(merged=merged, model=model, out=str(out), device="cpu", token_budget=256, shard_mb=1,

@@ -18,6 +18,8 @@ from eagle3.train.budget import EVAL_COST_PER_TOKEN, TimeBudget
 from eagle3.train.config import BUDGET_PROBE_STEPS, TrainConfig, lr_at
 from tests.train.test_loop import cfg_for, losses
 
+pytestmark = pytest.mark.precision  # the numbers follow the precision policy (make test forces both)
+
 
 def test_fix_walks_the_plan_at_the_measured_speed_hand_computed():
     cfg = TrainConfig(store="s", vocab="v", out="o", train_time_budget=100.0, eval_every=3, warmup_ratio=0.1)

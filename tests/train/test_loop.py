@@ -12,7 +12,10 @@ from eagle3 import checkpoint
 from eagle3.train.config import TrainConfig
 from eagle3.train.loop import train
 from eagle3.checkpoint import read_metrics
+from eagle3.devices import resolve_precision
 from eagle3.vocab import load_vocab
+
+pytestmark = pytest.mark.precision  # the numbers follow the precision policy (make test forces both)
 
 
 def cfg_for(tiny_store, out, **kw) -> TrainConfig:
@@ -67,7 +70,9 @@ def test_micro_batch_split_does_not_change_the_curve(tiny_store, tmp_path):
         train(cfg_for(tiny_store, out, token_budget=budget, grad_accum=accum, max_steps=8, epochs=1))
         curves.append(losses(out))
     assert len(curves[0]) == 8
-    assert curves[1] == pytest.approx(curves[0], rel=1e-4, abs=1e-5)
+    # fp32: summation order only; bf16 autocast rounds each micro-batch's matmuls to 8 bits (measured 1.3e-4)
+    bf16 = resolve_precision("auto", "cpu").bf16
+    assert curves[1] == pytest.approx(curves[0], rel=2e-3 if bf16 else 1e-4, abs=1e-5)
 
 
 def test_missing_store_and_wrong_vocab_are_input_errors(tiny_store, tmp_path):
