@@ -23,15 +23,25 @@ offline one: the target (--model, default the bundled SmolLM2) runs its forward 
 through OnlineSource.get_many (capture, encode/decode of --storage, collate), then the same draft step.
 Its counted FLOPs add the target forward, 2 x (non-embedding target parameters) per token.
 
+--seq-lens L1,L2,... is the long-context mode (docs/train.md "Long context"): one row of each length, each
+(precision, attention, length) in its own child process, so the peak RSS (os.wait4's rusage of that child)
+is per length. --attention picks the TTT attention (eagle3/draft/attention.py blockwise, the dense [T, T]
+reference, or both side by side); dense is skipped where its score tensors alone would not fit in memory.
+
 usage: .venv/bin/python bench/train_bench.py [--precisions float32,bfloat16] [--vd 8192] [--rows 4]
        [--seq-len 512] [--ttt-length 7] [--iters 3] [--online [--model M] [--storage bf16]]
+       .venv/bin/python bench/train_bench.py --seq-lens 2048,8192 [--attention blockwise,dense]
+       [--precisions bfloat16] [--iters 1] [--no-warmup] [--checkpoint-steps]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,15 +56,16 @@ from eagle3.draft.ttt import target_from_last, ttt_forward  # noqa: E402
 H, I, HEADS, KV, V = 576, 1536, 9, 3, 49152
 
 
-def timed(fn, device: str, repeat: int) -> tuple[float, float]:
-    """(best wall seconds, best process CPU seconds) of ``fn`` after one warm-up call.
+def timed(fn, device: str, repeat: int, warmup: bool = True) -> tuple[float, float]:
+    """(best wall seconds, best process CPU seconds) of ``fn``, after one warm-up call if ``warmup``.
 
     CPU seconds (all threads of this process) are what we compare on a shared
     CPU: a busy machine time-slices us, which stretches wall time but not the
     CPU time spent per FLOP. On CUDA only wall time means anything.
     """
-    fn()
-    _sync(device)
+    if warmup:
+        fn()
+        _sync(device)
     wall, cpu = float("inf"), float("inf")
     for _ in range(repeat):
         w, c = time.perf_counter(), time.process_time()
@@ -112,7 +123,8 @@ def online_source(model: str, storage: str, precision: str, dev: str, rows: int,
     return OnlineSource(cap, storage, samples, tokens, "bench"), list(samples)
 
 
-def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters: int, source=None) -> dict:
+def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters: int, source=None,
+                  attention: str = "blockwise") -> dict:
     """One precision's timed optimizer steps: {tokens_per_s, step_wall_s, step_cpu_s, counted GFLOP/s}.
 
     With ``source`` (online_source()), each step first computes its batch with the target."""
@@ -132,23 +144,84 @@ def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters
             with torch.no_grad():
                 logits, in_draft = target_from_last(batch["last"], head, draft.d2t, draft.t2d)
             res = ttt_forward(draft, batch["input_ids"], batch["aux"], logits, torch.ones_like(in_draft),
-                              batch["loss_mask"], ttt_length=args.ttt_length)
+                              batch["loss_mask"], ttt_length=args.ttt_length, attention=attention,
+                              checkpoint_steps=args.checkpoint_steps)
         opt.zero_grad(set_to_none=True)
         res.loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
         opt.step()
 
-    sec, cpu_sec = timed(step, dev, iters)
+    sec, cpu_sec = timed(step, dev, iters, warmup=not args.no_warmup)
     tokens = b * t
     f = flops_per_token(args.vd, args.ttt_length)
     target = 2 * source[0].capture.params() if source is not None else 0
     counted = (f["draft_train"] + f["target_head"] + target) * tokens
-    return {"precision": precision, "mode": "online" if source is not None else "offline",
+    return {"precision": precision, "mode": "online" if source is not None else "offline", "attention": attention,
+            "checkpoint_steps": args.checkpoint_steps,
             "target_gflop_per_token": round(target / 1e9, 4),
             "rows": b, "seq_len": t, "iters": iters, "step_wall_s": round(sec, 3),
             "step_cpu_s": round(cpu_sec, 3), "tokens_per_s": round(tokens / sec, 1),
             "counted_gflops_wall": counted / sec / 1e9, "counted_gflops_cpu": counted / cpu_sec / 1e9,
             "draft_gflops_cpu": f["draft_train"] * tokens / cpu_sec / 1e9}
+
+
+def dense_scores_bytes(seq_len: int, ttt_length: int) -> int:
+    """What the dense TTT attention keeps per row: about 10 bytes per score (fp32 scores and softmax, the bf16
+    probabilities, the mask) per head and TTT step. It matches DESIGN.md's 4.1 GB at 2K and 11.0 GB at 4K."""
+    return 10 * ttt_length * HEADS * seq_len * seq_len
+
+
+def available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else unlimited."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return 1 << 62
+
+
+def child_run(args, dev: str) -> None:
+    """One (precision, attention, length) of --seq-lens, in this child process: print its run as JSON."""
+    p, attention, t = args.child.split(":")
+    print(json.dumps(run_precision(p, args, dev, 1, int(t), args.iters, attention=attention)))
+
+
+def run_lengths(args, precisions: list[str], dev: str) -> None:
+    """--seq-lens: each (precision, attention, length) in a fresh child; tok/s and the child's peak RSS."""
+    lengths = [int(x) for x in args.seq_lens.split(",") if x.strip()]
+    attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
+    passed = ["--vd", str(args.vd), "--ttt-length", str(args.ttt_length), "--iters", str(args.iters),
+              "--device", dev, "--threads", str(args.threads)]
+    passed += [f for f, on in (("--no-warmup", args.no_warmup), ("--checkpoint-steps", args.checkpoint_steps)) if on]
+    rows = []
+    for p in precisions:
+        for t in lengths:
+            for a in attentions:
+                row = {"precision": p, "attention": a, "seq_len": t}
+                need = dense_scores_bytes(t, args.ttt_length)
+                if a == "dense" and need > 0.8 * available_bytes():
+                    rows.append({**row, "skipped": f"dense scores need ~{need / 2**30:.0f} GiB"})
+                    continue
+                with tempfile.TemporaryFile("w+") as out:
+                    proc = subprocess.Popen([sys.executable, __file__, "--child", f"{p}:{a}:{t}", *passed],
+                                            stdout=out)
+                    _, status, usage = os.wait4(proc.pid, 0)
+                    out.seek(0)
+                    text = out.read().strip()
+                row["peak_rss_gib"] = round(usage.ru_maxrss / 2**20, 2)  # ru_maxrss is in KiB on Linux
+                if os.waitstatus_to_exitcode(status) == 0 and text:
+                    row.update(json.loads(text.splitlines()[-1]))
+                else:
+                    row["failed"] = f"exit {os.waitstatus_to_exitcode(status)} (killed for memory?)"
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    ckpt = ", checkpointed TTT steps" if args.checkpoint_steps else ""
+    print(f"TTT {args.ttt_length}, Vd {args.vd}, one row, {args.threads or torch.get_num_threads()} threads, {dev}{ckpt}:")
+    for r in rows:
+        what = (r.get("skipped") or r.get("failed")
+                or f"{r['tokens_per_s']:8,.0f} tok/s  step {r['step_wall_s']:7.1f} s wall {r['step_cpu_s']:7.1f} s "
+                   f"CPU  peak RSS {r['peak_rss_gib']:5.2f} GiB")
+        print(f"  {r['precision']:8s} {r['attention']:9s} T={r['seq_len']:6d}: {what}")
 
 
 def main() -> None:
@@ -166,11 +239,23 @@ def main() -> None:
                     help="also time the online step (target forward + draft step) next to each offline one")
     ap.add_argument("--model", default="smollm2-135m-instruct", help="--online: the target (H=576, V=49152)")
     ap.add_argument("--storage", default="bf16", help="--online: the storage option whose quantisation applies")
+    ap.add_argument("--seq-lens", default="", help="long-context mode: comma-separated lengths, one row each")
+    ap.add_argument("--attention", default="blockwise,dense",
+                    help="--seq-lens: TTT attentions to run side by side (blockwise, dense)")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="time the first step too (long lengths: one step dwarfs the one-time set-up)")
+    ap.add_argument("--checkpoint-steps", action="store_true",
+                    help="activation checkpointing per TTT step (ttt_forward(checkpoint_steps=True))")
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # PRECISION:ATTENTION:LENGTH, from --seq-lens
     args = ap.parse_args()
     dev = args.device
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.child:
+        return child_run(args, dev)
     precisions = [check_precision(p.strip(), "--precisions") for p in args.precisions.split(",") if p.strip()]
+    if args.seq_lens:
+        return run_lengths(args, precisions, dev)
     policy = resolve_precision("auto", dev)
     on_cpu = dev == "cpu"
 

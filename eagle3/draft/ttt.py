@@ -24,9 +24,11 @@ It runs blockwise by default (eagle3/draft/attention.py: no T x T tensor);
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from eagle3.acceptance import simulated_acceptance_length as sim_accept_len  # one definition
 
@@ -133,11 +135,26 @@ def step0_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     return (causal[None] & same)[:, None]
 
 
+def _step(draft: Eagle3Draft, ids, positions, step0: dict, probs, top, mask, valid: int, hidden, *history):
+    """One TTT step and its summed soft CE: (step_sum, correct, next hidden, k, v).
+
+    A pure function of its tensors (``history`` is the flat k0, v0, k1, v1, ... of the earlier steps), so
+    `torch.utils.checkpoint` may run it again in backward."""
+    pairs = list(zip(history[::2], history[1::2]))
+    logits, hidden = draft.ttt_step(ids, hidden, positions, pairs, **step0)
+    scored = logits[:, :valid]
+    ce = -(probs * F.log_softmax(scored.float(), -1)).sum(-1)
+    correct = ((scored.argmax(-1) == top) & mask).sum()
+    k, v = pairs[-1]
+    return (ce * mask).sum(), correct, hidden, k, v
+
+
 def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
                 target_logits_draft: torch.Tensor, target_argmax_in_draft: torch.Tensor,
                 loss_mask: torch.Tensor, segment_ids: torch.Tensor | None = None,
                 ttt_length: int = DEFAULT_TTT_LENGTH, step_decay: float = DEFAULT_STEP_DECAY,
-                normalizer: torch.Tensor | None = None, attention: str = "blockwise") -> TTTResult:
+                normalizer: torch.Tensor | None = None, attention: str = "blockwise",
+                checkpoint_steps: bool = False) -> TTTResult:
     """Run ``ttt_length`` TTT steps and return the loss and per-step counts.
 
     All inputs are unshifted, per target position j, [B,T,...]:
@@ -154,6 +171,9 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
     and ranks add up to the same gradient however the batch is split.
     ``attention``: "blockwise" (eagle3/draft/attention.py) or "dense" (the
     [B,1,T,T] ``step0_mask`` reference); both give the same loss and gradients.
+    ``checkpoint_steps``: keep only each step's inputs for backward and run the
+    step again there (`torch.utils.checkpoint`): the same loss and gradients,
+    one step's activations (its [T, Vd] log-softmax above all) alive at a time.
     """
     if ttt_length < 1:
         raise ValueError(f"ttt_length must be >= 1, got {ttt_length}")
@@ -169,24 +189,27 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
     target_probs = target_logits_draft.float().softmax(-1)
     target_top = target_logits_draft.argmax(-1)
     width = input_ids.shape[1]
-    history: list = []
+    history: list = []  # k0, v0, k1, v1, ...: flat, so a checkpointed step takes them as tensor arguments
     total = hidden.new_zeros(())
     sums, correct, counts = [], [], []
     for i in range(ttt_length):
-        ids = _shift(input_ids, 1 + i, 0)
-        logits, hidden = draft.ttt_step(ids, hidden, pos + i, history, **step0)
         same_sample = (_shift(segment_ids, 2 + i, -1) == segment_ids) & (segment_ids != 0)
         mask = _shift(loss_mask, 2 + i, False) & _shift(in_draft, 1 + i, False) & same_sample
         # Positions t >= width-1-i have no target (the mask is 0 there), so the loss
         # is taken on the first `valid` positions against the target at t+1+i: slices, no copies.
         valid = max(width - 1 - i, 0)
-        scored, mask = logits[:, :valid], mask[:, :valid]
-        ce = -(target_probs[:, 1 + i:] * F.log_softmax(scored.float(), -1)).sum(-1)
+        mask = mask[:, :valid]
+        step = partial(_step, draft, _shift(input_ids, 1 + i, 0), pos + i, step0,
+                       target_probs[:, 1 + i:], target_top[:, 1 + i:], mask, valid)
+        if checkpoint_steps:
+            step_sum, step_correct, hidden, k, v = checkpoint(step, hidden, *history, use_reentrant=False)
+        else:
+            step_sum, step_correct, hidden, k, v = step(hidden, *history)
+        history += [k, v]
         n = mask.sum()
-        step_sum = (ce * mask).sum()
         divisor = n.clamp(min=1) if normalizer is None else max(float(normalizer[i]), 1.0)
         total = total + (step_decay ** i) * step_sum / divisor
         sums.append(step_sum.detach())
-        correct.append(((scored.argmax(-1) == target_top[:, 1 + i:]) & mask).sum())
+        correct.append(step_correct)
         counts.append(n)
     return TTTResult(total, torch.stack(sums), torch.stack(correct), torch.stack(counts))

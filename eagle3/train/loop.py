@@ -117,7 +117,8 @@ class Trainer:
                     self.in_draft.put(ids, in_draft, batch["attention_mask"])
             with torch.set_grad_enabled(grad):
                 res = objective.ttt_sums(self.model, batch, target_logits, in_draft, denominators.to(self.device),
-                                         self.cfg.ttt_length, compiled=self.cfg.compile)
+                                         self.cfg.ttt_length, compiled=self.cfg.compile,
+                                         checkpoint_steps=self.cfg.checkpoint_ttt_steps)
         if grad:
             res.loss.backward()
         return res

@@ -98,8 +98,9 @@ def ttt_function(compiled: bool):
 
 
 def ttt_sums(draft, batch: dict, target_logits: torch.Tensor, in_draft: torch.Tensor,
-             denominators: torch.Tensor, ttt_length: int, compiled: bool = False) -> ttt.TTTResult:
+             denominators: torch.Tensor, ttt_length: int, compiled: bool = False,
+             checkpoint_steps: bool = False) -> ttt.TTTResult:
     """TTT over one collated micro-batch with the loss divided by the global ``denominators``."""
     return ttt_function(compiled)(draft, batch["input_ids"], batch["aux"], target_logits, in_draft,
                                   batch["loss_mask"], batch["attention_mask"].long(), ttt_length=ttt_length,
-                                  normalizer=denominators)
+                                  normalizer=denominators, checkpoint_steps=checkpoint_steps)

@@ -80,6 +80,21 @@ def test_whole_draft_loss_and_gradients_equal_dense(ttt_length, monkeypatch):
         torch.testing.assert_close(g_block[name], g, rtol=1e-4, atol=1e-6)
 
 
+def test_checkpointed_steps_give_the_same_loss_and_gradients():
+    model = make_tiny_draft()
+    batch = tiny_batch(model.config, b=2, t=T)
+    runs = []
+    for ckpt in (False, True):
+        model.zero_grad(set_to_none=True)
+        res = ttt_forward(model, **batch, segment_ids=SEGMENTS, ttt_length=4, checkpoint_steps=ckpt)
+        res.loss.backward()
+        runs.append((res, {n: p.grad for n, p in model.named_parameters()}))
+    (plain, g_plain), (ckpt, g_ckpt) = runs
+    assert torch.equal(ckpt.loss, plain.loss) and torch.equal(ckpt.correct, plain.correct)
+    for name, g in g_plain.items():
+        torch.testing.assert_close(g_ckpt[name], g, rtol=1e-6, atol=1e-7)
+
+
 def test_ttt_step_takes_exactly_one_attention_layout(tiny_draft):
     ids, hidden, pos = torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, 32), torch.arange(4)[None]
     with pytest.raises(ValueError, match="exactly one"):
