@@ -75,6 +75,14 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def alive(pid: int) -> bool:
+    """Running (a zombie has exited: its parent, gone too, left it to an init that may never reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def stop(pids: list[int], grace_s: float = 30) -> None:
     """SIGTERM these processes (by PID), SIGKILL those still there after ``grace_s``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -84,7 +92,7 @@ def stop(pids: list[int], grace_s: float = 30) -> None:
             except ProcessLookupError:
                 pass
         deadline = time.time() + grace_s
-        while time.time() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        while time.time() < deadline and any(alive(p) for p in pids):
             time.sleep(0.5)
 
 
