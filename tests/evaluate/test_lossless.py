@@ -13,14 +13,16 @@ from eagle3.evaluate import EvaluateConfig, evaluate, lossless, spec_decode
 
 def test_a_near_tie_within_the_measured_rounding_is_a_tie_flip():
     # Hand-computed: the fp32 margin of tokens 0 and 1 is 0.02; the low-precision logits carry errors
-    # -0.012 / +0.010 / 0 / 0 on the top tokens, a spread of 0.022, so two runs can swap tokens 0.044 apart.
+    # -0.012 / +0.010 / 0 / 0 on the top tokens, a spread of 0.022, so two runs (each allowed twice that)
+    # can swap tokens 0.088 apart.
     l32 = torch.tensor([1.00, 0.98, 0.5, 0.2])
     low = torch.tensor([0.988, 0.99, 0.5, 0.2])
     tie = lossless.classify(l32, low, 0, 1, "bfloat16")
-    assert tie["noise"] == pytest.approx(0.022, abs=1e-6) and tie["tolerance"] == pytest.approx(0.044, abs=1e-6)
+    assert tie["noise"] == pytest.approx(0.022, abs=1e-6) and tie["tolerance"] == pytest.approx(0.088, abs=1e-6)
     assert tie["tie"] and tie["margin_fp32"] == pytest.approx(0.02, abs=1e-6) and tie["fp32_argmax"] == 0
     assert tie["margin_low"] == pytest.approx(-0.002, abs=1e-6)  # flipped in low precision
     # The same rounding cannot explain a token 0.5 below the argmax (a wrongly accepted draft token) ...
+    assert lossless.classify(l32, low, 0, 2, "bfloat16")["margin_fp32"] == pytest.approx(0.5)
     assert not lossless.classify(l32, low, 0, 2, "bfloat16")["tie"]
     # ... and with no noise measured the floor is two units of bf16 rounding (2^-8 relative) of the logits:
     near = torch.tensor([5.00, 4.97, 1.0])
@@ -80,7 +82,7 @@ def test_bf16_forced_on_smollm2_is_exact_up_to_tie_flips(smollm2_dir, tmp_path, 
     assert v["text"] == "exact" or v["text"].startswith("exact up to ") and v["text"].endswith("(bf16)")
     assert v["exact_prompts"] + len(v["tie_flips"]) == v["prompts"] == 10
     for t in v["tie_flips"]:  # each one re-scored, and within the rounding measured at its prefix
-        assert abs(t["margin_fp32"]) <= t["tolerance"] < 1.0
+        assert abs(t["margin_fp32"]) <= t["tolerance"] < 2.0  # bf16 rounding of SmolLM2 logits (~10-30)
         assert t["fp32_argmax"] in (t["baseline_token"], t["speculative_token"]) or t["noise"] > 0
     print(f"\nbf16 SmolLM2, 10x64: {v['text']}; tie flips "
           f"{[(t['id'], t['position'], round(t['margin_fp32'], 4), round(t['tolerance'], 4)) for t in v['tie_flips']]}")
