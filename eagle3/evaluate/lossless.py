@@ -103,17 +103,20 @@ def judge(row: dict, prompt_ids: Sequence[int], base: Sequence[int], spec: Seque
     return row
 
 
+def _text(failed: list, ties: list, precisions: list[str]) -> str:
+    if failed:
+        return "FAILED"
+    if ties:
+        names = ", ".join(sorted({SHORT.get(p, p) for p in precisions}))
+        return f"exact up to {len(ties)} tie flip{'s' if len(ties) > 1 else ''} ({names})"
+    return "exact"
+
+
 def verdict(rows: list[dict], precision: str) -> dict:
     """The verdict over prompt rows that `judge` filled: text, passed, the tie flips and the failures."""
     ties = [{"set": r.get("set"), "id": r["id"], **r["tie_flip"]} for r in rows if r.get("tie_flip")]
     failed = [{"set": r.get("set"), "id": r["id"], **(r.get("mismatch") or {})} for r in rows if not r["lossless"]]
-    if failed:
-        text = "FAILED"
-    elif ties:
-        text = f"exact up to {len(ties)} tie flip{'s' if len(ties) > 1 else ''} ({SHORT.get(precision, precision)})"
-    else:
-        text = "exact"
-    return {"text": text, "passed": not failed, "precision": precision, "prompts": len(rows),
+    return {"text": _text(failed, ties, [precision]), "passed": not failed, "precision": precision, "prompts": len(rows),
             "exact_prompts": sum(bool(r.get("exact", r["lossless"])) for r in rows),
             "tie_flips": ties, "failed": failed}
 
@@ -122,14 +125,9 @@ def combined(verdicts: dict[str, dict]) -> dict:
     """One verdict over several engines' (what report.json's top level says when engines were compared)."""
     ties = [{"engine": name, **t} for name, v in verdicts.items() for t in v["tie_flips"]]
     failed = [{"engine": name, **f} for name, v in verdicts.items() for f in v["failed"]]
-    precisions = sorted({SHORT.get(v["precision"], v["precision"]) for v in verdicts.values()})
-    if failed:
-        text = "FAILED"
-    elif ties:
-        text = f"exact up to {len(ties)} tie flip{'s' if len(ties) > 1 else ''} ({', '.join(precisions)})"
-    else:
-        text = "exact"
-    return {"text": text, "passed": not failed, "engines": list(verdicts), "tie_flips": ties, "failed": failed}
+    precisions = [v["precision"] for v in verdicts.values()]
+    return {"text": _text(failed, ties, precisions), "passed": not failed, "engines": list(verdicts),
+            "tie_flips": ties, "failed": failed}
 
 
 class TargetRescorer:

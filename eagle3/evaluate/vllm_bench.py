@@ -162,7 +162,7 @@ class VLLMBenchmark:
         base = self.run_phase("baseline", self.server("baseline", target_dir, precision.name), ids)
         spec = self.run_phase("eagle3", self.server("eagle3", target_dir, precision.name), ids)
         # A divergence is re-scored by the transformers target (fp32 and vLLM's precision), loaded only then.
-        rescore = lossless.TargetRescorer(target_dir, "cpu" if device == "cpu" else device, precision.name)
+        rescore = lossless.TargetRescorer(target_dir, device, precision.name)
         rows = []
         for (set_name, prompt), prompt_ids, b, s in zip(names, ids, base["requests"], spec["requests"]):
             c = s["counts"]

@@ -111,7 +111,7 @@ def _headline_section(ev: dict, cmp: dict) -> list[str]:
         out.append("<p>Tie flips (a near-tie of the target's top two tokens that the precision's rounding swapped; "
                    "re-scored in fp32, not a failure):</p>" + _table(
                        ["engine", "prompt", "position", "fp32 margin", "tolerance (measured rounding)"],
-                       [[f["engine"], f["id"], f["position"], round(f["margin_fp32"], 4), round(f["tolerance"], 4)]
+                       [[f["engine"], f["id"], f["position"], f["margin_fp32"], f["tolerance"]]
                         for f in flips]))
     precision = ev.get("precision") or {}
     out.append(f"<p class='muted'>{html.escape(str(ev.get('backend')))} ran on {html.escape(str(ev.get('device')))} "

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.serving.process import free_port
+from tests.evaluate.server_processes import alive
 
 REPO = Path(__file__).resolve().parents[2]
 PLANT = REPO / "tests" / "airflow" / "plant"
@@ -73,14 +74,6 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie has exited: its parent, gone too, left it to an init that may never reap it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def stop(pids: list[int], grace_s: float = 30) -> None:
