@@ -230,6 +230,9 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
     summary["bytes_written"] = summary["tokens"] * bpt
     summary["seconds"] = round(time.monotonic() - start, 3)
     summary["tokens_per_s"] = round(summary["tokens"] / forward_s, 1) if forward_s else None
+    from eagle3 import rates  # the next run's gate prices extraction at this engine's measured speed
+
+    rates.record(cfg.out, engine["name"], cfg.model, task, summary["tokens"], forward_s)
     return summary
 
 

@@ -5,8 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle3 import storage_options
+from eagle3.devices import check_precision
 from eagle3.errors import InputError
 from eagle3.verify import mode
+
+
+def _default(config_cls, name: str):
+    """A field's default from the stage that owns the setting (one owner per default)."""
+    return config_cls.__dataclass_fields__[name].default
+
+
+from eagle3.extract.config import ENGINES as EXTRACT_ENGINES, ExtractConfig  # noqa: E402
+from eagle3.train.config import TrainConfig  # noqa: E402
+from eagle3.vocab.config import VocabConfig  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,28 @@ class VerifyConfig:
     """Training epochs, for the cost of both modes (online repeats the target's forward every epoch)."""
     train_tokens_per_s: float = mode.DEFAULT_TRAIN_TOKENS_PER_S
     """Draft training speed for the hours estimate of both modes."""
+    target_engine: str = _default(ExtractConfig, "engine")
+    """The extraction engine the run will use (transformers: the whole target on one device; vllm: split over
+    tensor_parallel_size devices); the memory check refuses transformers for a target one device cannot hold,
+    and the hours are priced at this engine's measured rate (eagle3/rates.py)."""
+    tensor_parallel_size: int = _default(ExtractConfig, "tensor_parallel_size")
+    """vllm engine: devices one replica of the target is split over."""
+    extract_token_budget: int = _default(ExtractConfig, "token_budget")
+    """Padded tokens per extraction forward, for its activation memory."""
+    draft_vocab_size: int = _default(VocabConfig, "draft_vocab_size")
+    """Vd, for the training memory (the draft's lm_head, logits and soft labels are Vd wide)."""
+    ttt_length: int = _default(TrainConfig, "ttt_length")
+    """TTT steps, for the training memory (activations grow with each step)."""
+    train_token_budget: int = _default(TrainConfig, "token_budget")
+    """Cap on the training micro-batch (padded tokens): the gate picks the largest that fits the device up to
+    this (verify.json's memory check ``train_token_budget``, which the DAG hands to train)."""
+    checkpoint_ttt_steps: bool = _default(TrainConfig, "checkpoint_ttt_steps")
+    """Whether train checkpoints each TTT step (less memory per token)."""
+    precision: str = _default(TrainConfig, "precision")
+    """Training precision to size for (auto: bf16 on a GPU, by the CPU's flags on a CPU)."""
+    device_memory_gib: float = 0.0
+    """Memory of one training/extraction device in GiB (0: the smallest GPU nvidia-smi lists here, else this
+    machine's memory). Set it when the gate runs on a CPU worker and the GPUs are elsewhere."""
 
     def __post_init__(self):
         from eagle3.merge.config import _names
@@ -58,6 +91,16 @@ class VerifyConfig:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _names(getattr(self, name)))
         storage_options.option(self.storage)
+        check_precision(self.precision, "VerifyConfig.precision")
+        if self.target_engine not in EXTRACT_ENGINES:
+            raise InputError(f"VerifyConfig.target_engine={self.target_engine!r} is not one of "
+                             f"{', '.join(EXTRACT_ENGINES)}")
+        for name in ("tensor_parallel_size", "extract_token_budget", "draft_vocab_size", "ttt_length",
+                     "train_token_budget"):
+            if int(getattr(self, name)) < 1:
+                raise InputError(f"VerifyConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.device_memory_gib < 0:
+            raise InputError(f"VerifyConfig.device_memory_gib must be >= 0 (0: detect), got {self.device_memory_gib!r}")
         mode.check_mode(self.training_mode, "VerifyConfig.training_mode")
         if self.epochs < 1 or self.train_tokens_per_s <= 0:
             raise InputError(f"need epochs >= 1 and train_tokens_per_s > 0; got {self.epochs}, "

@@ -13,7 +13,10 @@ CLI exits non-zero, the DAG fails without retry). Checks:
   shuffled           output order is not the input order
   uniform_positions  per source, positions are uniform over the file (Kolmogorov-Smirnov)
   reproducible       re-running the seeded permutation gives the same order and content hash
-  extraction_space   estimated hidden-state bytes (and hours) fit the free space at the store
+  extraction_space   estimated hidden-state bytes (and hours, at the engine's rate measured by earlier runs)
+                     fit the free space at the store
+  memory             the target fits the extraction engine, one longest sample fits a training device; the
+                     training token budget that fits (eagle3.verify.sizing, eagle3.memory)
   expectations, totals, dropped_datasets: what this run asked for (eagle3.verify.expectations)
 
 Example:
@@ -30,6 +33,7 @@ import numpy as np
 
 from eagle3 import storage, storage_options
 from eagle3.errors import GateFailed, InputError
+from eagle3.verify import sizing
 from eagle3.verify.config import VerifyConfig
 from eagle3.verify.expectations import expectation_checks
 from eagle3.merge.arrays import content_id, list_parts, segment_sums, shuffle_order
@@ -210,7 +214,9 @@ def _order_checks(out: _Output, man: dict, rank: dict, p_threshold: float) -> li
 
 def _space_check(cfg: VerifyConfig, tokens: int, samples: int) -> dict:
     hidden = cfg.resolved_hidden_size()
-    est = storage_options.extraction_estimate(cfg.storage, hidden, tokens, samples, cfg.tokens_per_s)
+    engines = sizing.engine_hours(cfg, tokens)
+    rate = engines[cfg.target_engine]["tokens_per_s"]
+    est = storage_options.extraction_estimate(cfg.storage, hidden, tokens, samples, rate)
     need, hours = est["bytes"], est["hours"]
     dest = cfg.store or cfg.merged
     free = storage.free_bytes(dest)
@@ -218,13 +224,16 @@ def _space_check(cfg: VerifyConfig, tokens: int, samples: int) -> dict:
     fast = cfg.max_hours is None or hours <= cfg.max_hours
     detail = (f"{tokens} tokens x {est['bytes_per_token']} B/token ({cfg.storage}, H={hidden}) = {need / 1e9:.3f} GB "
               f"(x{cfg.headroom} headroom) vs {'unknown (object store)' if free is None else f'{free / 1e9:.3f} GB'} "
-              f"free at {dest}; ~{hours:.2f} h at {cfg.tokens_per_s:g} tok/s")
+              f"free at {dest}; ~{hours:.2f} h with {cfg.target_engine} at {rate:g} tok/s ("
+              + "; ".join(f"{e}: {v['hours']:.2f} h at {v['tokens_per_s']:g} tok/s, {v['source']}"
+                          for e, v in engines.items()) + ")")
     if not fits:
         detail += f"; short by {(need * cfg.headroom - free) / 1e9:.3f} GB"
     if not fast:
         detail += f"; over the {cfg.max_hours} h limit by {hours - cfg.max_hours:.2f} h"
     return _check("extraction_space", fits and fast, detail, bytes_per_token=est["bytes_per_token"], bytes=need,
-                  free_bytes=free, hours=hours, hidden_size=hidden, storage=cfg.storage)
+                  free_bytes=free, hours=hours, hidden_size=hidden, storage=cfg.storage, tokens_per_s=rate,
+                  engine=cfg.target_engine, engines=engines)
 
 
 def training_mode(cfg: VerifyConfig, space: dict, tokens: int, samples: int) -> dict:
@@ -232,7 +241,7 @@ def training_mode(cfg: VerifyConfig, space: dict, tokens: int, samples: int) -> 
     writes no store, so then the store's space (and extraction hours) no longer fail the gate."""
     from eagle3.verify import mode
 
-    cost = mode.costs(cfg.storage, space["hidden_size"], tokens, samples, cfg.epochs, cfg.tokens_per_s,
+    cost = mode.costs(cfg.storage, space["hidden_size"], tokens, samples, cfg.epochs, space["tokens_per_s"],
                       cfg.train_tokens_per_s)
     verdict = mode.choose(cfg.training_mode, cost, space["free_bytes"], cfg.headroom, cfg.store or cfg.merged)
     for line in mode.describe(cost):
@@ -264,11 +273,14 @@ def run(cfg: VerifyConfig) -> dict:
     space = _space_check(cfg, int(out.num_tokens.sum()), out.n)
     mode = training_mode(cfg, space, int(out.num_tokens.sum()), out.n)
     checks.append(space)
+    longest = int(out.num_tokens.max()) if out.n else 0
+    mem = sizing.memory_check(cfg, longest, man["max_seq_len"], mode["mode"] == "online")
+    checks.append(mem)
     checks += expectation_checks(cfg, man, out.source)
     failed = [c for c in checks if not c["passed"]]
     result = {"passed": not failed, "failed": [c["name"] for c in failed], "samples": out.n,
               "tokens": int(out.num_tokens.sum()), "content_hash": man.get("content_hash"), "checks": checks,
-              "training_mode": mode}
+              "training_mode": mode, "train_token_budget": mem["train_token_budget"]}
     storage.write_json(storage.join(cfg.merged, "verify.json"), result)
     for c in checks:
         log.info("verify %-18s %s  %s", c["name"], "ok  " if c["passed"] else "FAIL", c["detail"])

@@ -60,7 +60,7 @@ def test_a_correct_merge_passes_every_check(merged):
     assert result["passed"] is True
     names = [c["name"] for c in result["checks"]]
     assert names == ["checksums", "lengths", "masks", "ids", "accounting", "matches_source", "shuffled",
-                     "uniform_positions", "reproducible", "extraction_space", "expectations", "totals",
+                     "uniform_positions", "reproducible", "extraction_space", "memory", "expectations", "totals",
                      "dropped_datasets"]
     assert all(c["passed"] for c in result["checks"])
     acc = {c["name"]: c for c in result["checks"]}["accounting"]["sources"]

@@ -1,0 +1,254 @@
+"""The memory model: peak bytes of extraction and of a training micro-batch per device, before either runs.
+
+Torch-free; the verify gate uses it (eagle3/verify/sizing.py) to pick the training token budget and to refuse
+settings that cannot fit. Every term is counted from what the code allocates, not fitted to a peak:
+
+Training (eagle3/train/loop.py, one micro-batch of N padded tokens, rows x longest row):
+  static     draft params P: fp32 weights + grads + AdamW's two moments = 16 P (bf16 autocast adds a
+             2 P cache of bf16 weight copies); the frozen embedding and, for stores that keep `last`,
+             the target's lm_head, both fp32 [V, H] (eagle3/draft/build.py loads them so); the runtime.
+  per token  inputs as collated (eagle3/train/data.py: ids int64, aux fp32 [3H], last fp32 [H]);
+             the target's draft-vocab logits fp32 [Vd]; the TTT steps' saved activations (`step_bytes`);
+             the backward of the last step: ~3 fp32 [Vd] rows (the log-softmax's gradient and its temporaries).
+The per-step activation coefficients were counted with `torch.autograd.graph.saved_tensors_hooks` over
+the draft's TTT step on shapes varied one dimension at a time (tests/core/test_memory.py re-counts them), so
+the blockwise attention's O(T) cost is in them: it saves q, k, v, the output and one log-sum-exp per row.
+
+Extraction: the target's weights (by dtype or quantization, split over tensor x pipeline parallel ranks) plus
+the forward's activations for the token budget (hidden streams, the MLP's inner width, the captured aux/last
+and, for the top-k storage, the [N, V] logits); the vllm engine also reserves one max_seq_len sample's KV cache.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+GiB = 2 ** 30
+
+RUNTIME_BYTES = {"cpu": 300 * 2 ** 20, "cuda": GiB}
+"""What a training process holds before its tensors: on CPU Python + torch + oneDNN (a process that built
+SmolLM2's draft measured 554 MiB RSS, of which 265 MiB are its tensors); on CUDA the context and kernels
+(about 0.5-1 GiB on recent GPUs, which torch's allocator does not count but the device does)."""
+USABLE_SHARE = 0.9
+"""Share of the device's memory the gate lets a prediction use: the allocator's fragmentation and what the
+model leaves out (the OOM retry is the safety net)."""
+BUDGET_STEP = 64
+"""Token budgets the gate picks are multiples of this (the DAG's Param minimum)."""
+
+BYTES_PER_DTYPE = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8": 1, "fp8": 1,
+                   "int8": 1, "int4": 0.5}
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """The draft's widths, which are the target's (eagle3/draft/config.py DraftConfig)."""
+
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    """V: the target's lm_head rows (the frozen embedding and the soft labels' head are [V, H])."""
+    draft_vocab: int
+    """Vd."""
+
+    @classmethod
+    def from_target(cls, config: dict, draft_vocab: int) -> "DraftShape":
+        from eagle3.target import config_vocab_size
+
+        h, nh = int(config["hidden_size"]), int(config["num_attention_heads"])
+        return cls(hidden=h, intermediate=int(config["intermediate_size"]), heads=nh,
+                   kv_heads=int(config.get("num_key_value_heads") or nh),
+                   head_dim=int(config.get("head_dim") or h // nh), vocab=config_vocab_size(config),
+                   draft_vocab=int(draft_vocab))
+
+    def params(self) -> int:
+        """Trainable draft parameters: fc, q/k/v/o (2H inputs), the MLP, lm_head and 4 norms."""
+        h, hq, hkv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return (3 * h * h + 2 * h * (hq + 2 * hkv) + hq * h + 3 * h * self.intermediate
+                + h * self.draft_vocab + 4 * h)
+
+
+def step_bytes(s: DraftShape, precision: str, checkpointed: bool, first: bool) -> float:
+    """Bytes per token that one TTT step leaves saved for backward (first: step 0, which adds fc and the
+    target's softmax). Coefficients per unit of each width, counted with saved_tensors_hooks."""
+    hq, hkv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    bf16 = precision == "bfloat16"
+    if checkpointed:  # only the step's inputs and outputs: hidden [H] and its k, v
+        return (8 if bf16 and first else 4) * s.hidden + (0 if first else (4 if bf16 else 8) * hkv)
+    if bf16:  # linear outputs in bf16; norms, rope tables, log-sum-exp and the log-softmax stay fp32
+        per = 42 * s.hidden + 8 * s.intermediate + 4 * s.draft_vocab + 4 * hq + 4 * hkv + 4 * s.heads
+    else:
+        per = 40 * s.hidden + 16 * s.intermediate + 4 * s.draft_vocab + 8 * hq + 8 * hkv + 4 * s.heads
+    per += 8 * s.head_dim + 8  # rope cos/sin of the step's positions; masks
+    if first:
+        per += 4 * s.draft_vocab + (16 if bf16 else 4) * s.hidden  # target softmax; fc in/out
+    return per
+
+
+def training_peak(s: DraftShape, tokens: int, ttt_length: int, precision: str = "float32",
+                  checkpoint_steps: bool = False, soft_labels: bool = True, device: str = "cuda") -> dict:
+    """Predicted peak bytes of one training micro-batch of ``tokens`` padded tokens on one device.
+
+    ``soft_labels``: the store keeps `last`, so the target's lm_head [V, H] is on the device (top-k stores
+    carry log-probs instead). Returns {"bytes", "static", "per_token", "parts"} (parts: name -> bytes)."""
+    p = s.params()
+    static = {"draft weights, grads, AdamW": 16 * p + (2 * p if precision == "bfloat16" else 0),
+              "frozen embedding": 4 * s.vocab * s.hidden,
+              "target lm_head": 4 * s.vocab * s.hidden if soft_labels else 0,
+              "runtime": RUNTIME_BYTES["cuda" if device.startswith("cuda") else "cpu"]}
+    acts = step_bytes(s, precision, checkpoint_steps, True) + (ttt_length - 1) * step_bytes(
+        s, precision, checkpoint_steps, False)
+    if checkpoint_steps:  # backward runs one step again: its whole activations are alive then
+        acts += step_bytes(s, precision, False, False)
+    per_token = {"inputs": 16 * s.hidden + 17, "target logits": 4 * s.draft_vocab, "ttt activations": acts,
+                 "backward of a step": 12 * s.draft_vocab}
+    parts = {**static, **{k: v * tokens for k, v in per_token.items()}}
+    return {"bytes": int(sum(parts.values())), "static": int(sum(static.values())),
+            "per_token": float(sum(per_token.values())), "parts": {k: int(v) for k, v in parts.items()}}
+
+
+def largest_budget(s: DraftShape, memory: int, ttt_length: int, precision: str, checkpoint_steps: bool,
+                   soft_labels: bool = True, device: str = "cuda", reserved: int = 0) -> int:
+    """The largest token budget (a multiple of BUDGET_STEP; 0 if none) whose predicted peak plus ``reserved``
+    (another tenant of the device: a colocated target) fits USABLE_SHARE of ``memory`` bytes."""
+    peak = training_peak(s, 0, ttt_length, precision, checkpoint_steps, soft_labels, device)
+    room = USABLE_SHARE * memory - peak["static"] - reserved
+    n = int(room / peak["per_token"]) if room > 0 else 0
+    return n // BUDGET_STEP * BUDGET_STEP
+
+
+# -- the target ---------------------------------------------------------------------------------------------
+
+def _quant_bytes(config: dict) -> float | None:
+    """Bytes per quantized weight from config.json's quantization_config (None: not quantized)."""
+    q = config.get("quantization_config") or {}
+    if not q:
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    bits = q.get("bits") or q.get("w_bit")
+    for group in (q.get("config_groups") or {}).values():  # compressed-tensors (Kimi-K2's INT4)
+        bits = bits or (group.get("weights") or {}).get("num_bits")
+    if bits:
+        return int(bits) / 8
+    return 1.0 if "fp8" in method or method == "fbgemm_fp8" else None
+
+
+def target_params(config: dict) -> dict:
+    """Parameter counts from config.json alone: {"embedding", "layers", "lm_head", "total"}. Dense Llama-style
+    attention, or DeepSeek's MLA (q_lora_rank / kv_lora_rank); dense MLP, or MoE (n_routed_experts or
+    num_experts, with shared experts and dense first layers)."""
+    from eagle3.target import config_vocab_size
+
+    h, layers, nh = int(config["hidden_size"]), int(config["num_hidden_layers"]), int(config["num_attention_heads"])
+    v = config_vocab_size(config)
+    hd = int(config.get("head_dim") or h // nh)
+    nkv = int(config.get("num_key_value_heads") or nh)
+    if config.get("kv_lora_rank"):  # MLA
+        qk = int(config["qk_nope_head_dim"]) + int(config["qk_rope_head_dim"])
+        qlr, kvlr, vd = int(config.get("q_lora_rank") or 0), int(config["kv_lora_rank"]), int(config["v_head_dim"])
+        attn = (h * qlr + qlr * nh * qk if qlr else h * nh * qk) + h * (kvlr + int(config["qk_rope_head_dim"]))
+        attn += kvlr * nh * (int(config["qk_nope_head_dim"]) + vd) + nh * vd * h
+    else:
+        attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
+    dense_mlp = 3 * h * int(config["intermediate_size"])
+    experts = int(config.get("n_routed_experts") or config.get("num_experts") or config.get("num_local_experts") or 0)
+    if experts:
+        moe_i = int(config.get("moe_intermediate_size") or config["intermediate_size"])
+        shared = int(config.get("n_shared_experts") or 0)
+        moe_mlp = 3 * h * moe_i * (experts + shared) + h * experts
+        dense_layers = int(config.get("first_k_dense_replace") or 0)
+        mlp = dense_layers * dense_mlp + (layers - dense_layers) * moe_mlp
+    else:
+        mlp = layers * dense_mlp
+    body = layers * (attn + 2 * h) + mlp
+    head = 0 if config.get("tie_word_embeddings") else v * h
+    return {"embedding": v * h, "layers": body, "lm_head": head, "total": v * h + body + head + h}
+
+
+def target_weight_bytes(config: dict, precision: str | None = None) -> dict:
+    """Bytes of the target's weights: {"bytes", "params", "dtype"}. The layers' weights at their quantized
+    width when config.json says so, else at ``precision`` (what the transformers engine loads them in; None:
+    the checkpoint's torch_dtype); embedding and lm_head at 16 bits (quantizers keep them so) or ``precision``."""
+    n = target_params(config)
+    stored = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    dense = BYTES_PER_DTYPE.get(precision or stored, 2)
+    q = _quant_bytes(config)
+    layer_bytes = n["layers"] * (q if q is not None else dense)
+    edge = (n["embedding"] + n["lm_head"]) * (2 if q is not None and precision is None else dense)
+    return {"bytes": int(layer_bytes + edge), "params": n["total"],
+            "dtype": f"{q * 8:g}-bit quantized" if q is not None else (precision or stored)}
+
+
+def extraction_peak(config: dict, token_budget: int, engine: str = "transformers", tensor_parallel: int = 1,
+                    pipeline_parallel: int = 1, precision: str | None = None, topk_logits: bool = False,
+                    max_seq_len: int = 0) -> dict:
+    """Predicted peak bytes per device of an extraction forward over ``token_budget`` tokens.
+
+    transformers: the whole target on one device (no parallelism). vllm: weights split over
+    tensor x pipeline ranks, activations over the tensor ranks, plus one max_seq_len sample's KV cache."""
+    h = int(config["hidden_size"])
+    inner = int(config.get("moe_intermediate_size") or config["intermediate_size"])
+    inner *= int(config.get("num_experts_per_tok") or 1)
+    v = int(config.get("vocab_size") or 0)
+    ranks = tensor_parallel * pipeline_parallel if engine == "vllm" else 1
+    w = target_weight_bytes(config, precision if engine == "transformers" else None)
+    act_dtype = 4 if precision == "float32" else 2
+    # Per token: residual stream, norm output, attention in/out (4 H), the MLP's gate/up/act (3 x inner),
+    # the captured aux + last (4 H, fp32 copies), and the top-k storage's fp32 logits over V.
+    per_token = act_dtype * (4 * h + 3 * inner) / (tensor_parallel if engine == "vllm" else 1) + 16 * h
+    per_token += 4 * v if topk_logits else 0
+    parts = {"weights": w["bytes"] // ranks, "activations": int(per_token * token_budget)}
+    if engine == "vllm":
+        layers = int(config["num_hidden_layers"])
+        nkv = int(config.get("num_key_value_heads") or config["num_attention_heads"])
+        hd = int(config.get("head_dim") or h // int(config["num_attention_heads"]))
+        kv = 2 * layers * nkv * hd * 2 if not config.get("kv_lora_rank") else layers * (
+            int(config["kv_lora_rank"]) + int(config["qk_rope_head_dim"])) * 2
+        parts["kv cache (one sample)"] = kv * max(max_seq_len, token_budget) // ranks
+    parts["runtime"] = RUNTIME_BYTES["cuda"]
+    return {"bytes": int(sum(parts.values())), "parts": parts, "weights": w, "ranks": ranks}
+
+
+def min_tensor_parallel(config: dict, memory: int, token_budget: int, max_seq_len: int,
+                        topk_logits: bool = False, most: int = 64) -> int | None:
+    """The smallest power-of-two tensor parallel size at which vLLM's extraction fits ``memory`` per device."""
+    tp = 1
+    while tp <= most:
+        if extraction_peak(config, token_budget, "vllm", tp, 1, topk_logits=topk_logits,
+                           max_seq_len=max_seq_len)["bytes"] <= USABLE_SHARE * memory:
+            return tp
+        tp *= 2
+    return None
+
+
+# -- the device -----------------------------------------------------------------------------------------------
+
+def device_memory(gib: float | None = None) -> tuple[int, str]:
+    """(bytes, where from) of the device a training or extraction task gets: ``gib`` when given (the DAG's
+    Param: the gate runs on a CPU worker, not on the GPU workers), else the smallest GPU that nvidia-smi
+    lists on this machine, else this machine's memory (CPU training)."""
+    if gib:
+        return int(gib * GiB), "given"
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=20).stdout.split()
+            if out:
+                return min(int(x) for x in out) * 2 ** 20, "cuda"
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+    with open("/proc/meminfo") as f:
+        total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    return total, "cpu"
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+__all__ = ["DraftShape", "training_peak", "largest_budget", "target_params", "target_weight_bytes",
+           "extraction_peak", "min_tensor_parallel", "device_memory", "step_bytes", "USABLE_SHARE"]
