@@ -144,7 +144,12 @@ PARAMS = form_params({
         description="vLLM engine only: GPUs that split every layer of the target (vLLM's --tensor-parallel-size). "
                     "Set EAGLE3_TARGET_GPUS to the same count on the DAG processor, so extract holds that many "
                     "slots of pool gpu."),
-    "train_token_budget": config_param(TrainConfig, "token_budget", minimum=64, title="Training token budget"),
+    "train_token_budget": config_param(
+        TrainConfig, "token_budget", minimum=64, title="Training token budget",
+        description="The most padded tokens per training micro-batch: the verify gate predicts the device's "
+                    "memory (eagle3/memory.py) and gives train the largest budget up to this that fits."),
+    "checkpoint_ttt_steps": config_param(TrainConfig, "checkpoint_ttt_steps", title="Checkpoint TTT steps"),
+    "device_memory_gib": config_param(VerifyConfig, "device_memory_gib", minimum=0, title="Device memory (GiB)"),
     "ttt_length": config_param(TrainConfig, "ttt_length", minimum=1, maximum=16, title="TTT length"),
     "epochs": config_param(TrainConfig, "epochs", minimum=1, title="Epochs"),
     "max_steps": config_param(TrainConfig, "max_steps", minimum=0, title="Max steps"),
@@ -164,6 +169,8 @@ PARAMS = form_params({
 GPU = {"pool": "gpu", "queue": "gpu"}
 # verify's choice of training mode (eagle3.verify.mode), as a bool; VerifyOperator pushes it under this key.
 ONLINE = "{{ ti.xcom_pull(task_ids='verify', key='training_mode') == 'online' }}"
+# The micro-batch verify sized to fit the device (its memory check), capped by the train_token_budget Param.
+TRAIN_BUDGET = "{{ ti.xcom_pull(task_ids='verify', key='train_token_budget') or params.train_token_budget }}"
 # "1,14,26" -> [1, 14, 26]; empty -> None (the target's default layers). A list Param emptied in the form is
 # null: its templates read `params.x or []`.
 LAYERS = "{{ params.aux_layers | layer_ids }}"
@@ -246,7 +253,15 @@ def eagle3_train():
                 "expect_seed": "{{ params.seed }}", "expect_max_seq_len": "{{ params.max_seq_len }}",
                 "expect_drop": "{{ params.drop or [] }}", "expect_manifest": "{{ params.manifest }}",
                 "training_mode": "{{ params.training_mode }}", "epochs": "{{ params.epochs }}",
-                "train_tokens_per_s": "{{ params.train_tokens_per_s }}"})
+                "train_tokens_per_s": "{{ params.train_tokens_per_s }}",
+                # what the memory check sizes (eagle3.verify.sizing)
+                "target_engine": "{{ params.target_engine }}",
+                "tensor_parallel_size": "{{ params.target_tensor_parallel_size }}",
+                "extract_token_budget": "{{ params.extract_token_budget }}",
+                "draft_vocab_size": "{{ params.draft_vocab_size }}", "ttt_length": "{{ params.ttt_length }}",
+                "train_token_budget": "{{ params.train_token_budget }}",
+                "checkpoint_ttt_steps": "{{ params.checkpoint_ttt_steps }}", "precision": "{{ params.precision }}",
+                "device_memory_gib": "{{ params.device_memory_gib }}"})
     vocab = Eagle3StageOperator(
         task_id="vocab", stage="vocab", **common,
         config={"merged": RUN.folder("merged"), "out": RUN.folder("vocab"),
@@ -268,7 +283,8 @@ def eagle3_train():
         config={"store": layout.store(ROOT), "layers": LAYERS, "storage": "{{ params.storage_option }}",
                 "merged": RUN.folder("merged"), "vocab": RUN.folder("vocab"), "out": RUN.folder("checkpoint"),
                 "model": "{{ params.model }}", "ttt_length": "{{ params.ttt_length }}", "epochs": "{{ params.epochs }}",
-                "lr": "{{ params.lr }}", "token_budget": "{{ params.train_token_budget }}",
+                "lr": "{{ params.lr }}", "token_budget": TRAIN_BUDGET,
+                "checkpoint_ttt_steps": "{{ params.checkpoint_ttt_steps }}",
                 "max_steps": "{{ params.max_steps }}", "seed": "{{ params.seed }}",
                 "precision": "{{ params.precision }}",
                 "draft_variant": "{{ params.draft_variant }}", "train_time_budget": "{{ params.train_time_budget }}",

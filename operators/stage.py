@@ -209,8 +209,9 @@ class PublishOperator(Eagle3StageOperator):
 
 
 class VerifyOperator(Eagle3StageOperator):
-    """The verify gate; also pushes the training mode it chose (XCom key ``training_mode``: offline or online),
-    which the extract and train templates read."""
+    """The verify gate; also pushes the training mode it chose (XCom key ``training_mode``: offline or online)
+    and the training micro-batch that fits the device (``train_token_budget``), which the extract and train
+    templates read."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("stage", "verify")
@@ -218,6 +219,7 @@ class VerifyOperator(Eagle3StageOperator):
 
     def after(self, result: dict, context) -> dict:
         context["ti"].xcom_push(key="training_mode", value=result["training_mode"]["mode"])
+        context["ti"].xcom_push(key="train_token_budget", value=result["train_token_budget"])
         return result
 
 

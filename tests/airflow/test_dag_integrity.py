@@ -244,14 +244,33 @@ def test_params_reach_the_config_with_their_type(dag):
 
 
 class _TI:
-    """The one TaskInstance call the train template makes: the training mode verify chose."""
+    """The TaskInstance calls the train template makes: the training mode and the token budget verify chose."""
 
-    def __init__(self, mode: str):
-        self.mode = mode
+    def __init__(self, mode: str, budget: int | None = None):
+        self.mode, self.budget = mode, budget
 
     def xcom_pull(self, task_ids: str, key: str):
-        assert (task_ids, key) == ("verify", "training_mode")
-        return self.mode
+        assert task_ids == "verify" and key in ("training_mode", "train_token_budget")
+        return self.mode if key == "training_mode" else self.budget
+
+
+def test_train_takes_the_budget_verify_sized(dag):
+    """verify's memory check picks the micro-batch that fits (eagle3.verify.sizing); train renders it, and
+    the Param where verify pushed none."""
+    train = dag.get_task("train")
+    params = {k: v.value if hasattr(v, "value") else v for k, v in dag.params.items()}
+    for pushed, want in ((3008, 3008), (None, params["train_token_budget"])):
+        ctx = {"params": params, "run_id": "r1", "ti": _TI("offline", pushed)}
+        cfg = train.render_template(train.config, ctx, jinja_env=dag.get_template_env())
+        assert cfg["token_budget"] == want
+    verify = dag.get_task("verify")
+    cfg = verify.render_template(verify.config, {"params": params, "run_id": "r1"}, jinja_env=dag.get_template_env())
+    from eagle3.config import from_dict
+    from eagle3.verify import VerifyConfig
+
+    v = from_dict(VerifyConfig, cfg)
+    assert (v.train_token_budget, v.ttt_length, v.target_engine) == (
+        params["train_token_budget"], params["ttt_length"], params["target_engine"])
 
 
 def test_training_mode_param_reaches_verify_and_online_skips_extract(dag):
@@ -272,8 +291,9 @@ def test_training_mode_param_reaches_verify_and_online_skips_extract(dag):
     assert cfg["training_mode"] == "auto" and cfg["epochs"] == 3
     pushed = {}
     ti = type("TI", (), {"xcom_push": lambda self, key, value: pushed.update({key: value})})()
-    assert verify.after({"training_mode": {"mode": "online"}}, {"ti": ti}) == {"training_mode": {"mode": "online"}}
-    assert pushed == {"training_mode": "online"}
+    result = {"training_mode": {"mode": "online"}, "train_token_budget": 4096}
+    assert verify.after(result, {"ti": ti}) == result
+    assert pushed == {"training_mode": "online", "train_token_budget": 4096}
     train = dag.get_task("train")
     extract = dag.get_task("extract")
     for mode, online in (("online", True), ("offline", False)):
