@@ -1,4 +1,10 @@
-"""Out-of-memory fault injection, so the OOM → save → retry → resume path runs on CPU too.
+"""After an out-of-memory: the one halving policy (extraction and training), and fault injection, so the
+OOM → save → retry → resume path runs on CPU too.
+
+Extraction and training both halve their token budget after an OOM and exit 75, which the Airflow task
+retries; the retry resumes with the halved budget (training doubles its gradient accumulation, so the
+optimizer step sees the same batch). Neither goes below one sample of the longest length: halving cannot
+help then, and an extraction that halved down to 1 token would burn every retry.
 
 ``EAGLE3_INJECT_OOM_ABOVE_TOKENS=N`` makes any forward over more than N (padded)
 tokens raise ``torch.OutOfMemoryError``, in extraction and in training alike.
@@ -12,6 +18,22 @@ import os
 from eagle3.errors import InputError
 
 INJECT_ENV = "EAGLE3_INJECT_OOM_ABOVE_TOKENS"
+
+
+def halved_budget(tokens: int, longest_sample: int, fix: str) -> int:
+    """The token budget after an out-of-memory at ``tokens``; refuses (InputError, not retried) to go below
+    one sample of ``longest_sample`` tokens. ``fix`` says what would help instead."""
+    if tokens // 2 < max(longest_sample, 1):
+        raise InputError(f"out of memory with a budget of {tokens} tokens, and halving it would go below the "
+                         f"longest sample ({longest_sample} tokens); {fix}")
+    return tokens // 2
+
+
+def halve(micro_batch_tokens: int, grad_accum: int, longest_sample: int) -> tuple[int, int]:
+    """Training's next (micro_batch_tokens, grad_accum) after an OOM: the same product."""
+    micro = halved_budget(micro_batch_tokens, longest_sample,
+                          "merge with a smaller --max-seq-len, checkpoint the TTT steps, or use a bigger GPU")
+    return micro, grad_accum * 2
 
 
 def inject_limit() -> int | None:

@@ -5,7 +5,8 @@ skips every sample id any index of the store already lists (incremental, and
 resume after a crash), plans shards and batches deterministically
 (:mod:`eagle3.extract.plan`), prints an estimate of hours and bytes, then
 extracts shard by shard; each shard is published atomically and then added to
-``index-<task>.json``. After an out-of-memory it halves the token budget,
+``index-<task>.json``. After an out-of-memory it halves the token budget
+(never below one sample of the longest length: eagle3.oom.halved_budget),
 writes it to ``adapt-<task>.json`` and raises GpuOutOfMemory; the next run
 starts from that budget. The forward is ``engine``'s: transformers in this
 process (eagle3.extract.capture) or a vLLM server the task starts and stops
@@ -135,6 +136,7 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
                   mine: list[Sample], tokens: MergedTokens) -> dict:
     """The task's work once its target is ready: ``cap`` runs the forward (TargetCapture or VLLMCapture)."""
     from eagle3.errors import is_oom
+    from eagle3.oom import halved_budget
     from eagle3.extract.store import StoreWriter
     from eagle3.progress import Progress
     from eagle3.target import model_fingerprint, resolve_model
@@ -175,6 +177,7 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
     if cfg.engine == "vllm" and named:
         cap.start()  # before the clocks of progress and of the first batch: a start is minutes, not throughput
         summary["server_start_s"] = cap.start_s
+    longest = max(lengths_of(mine), default=1)  # the OOM policy's floor: one sample of the longest length
     progress = Progress("extract", len(todo) + repaired, real, every_s=cfg.progress_every_s, logger=log)
     forward_s, estimated = 0.0, False
     # Rate for the estimate: skip the first batch (warm-up, and the shortest samples), then
@@ -198,10 +201,12 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
             except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
                 if not is_oom(e):
                     raise
-                _persist_halved_budget(writer.adapt_path(), budget, batch, e)
+                halved = halved_budget(budget, longest, "merge with a smaller --max-seq-len, or extract with "
+                                       "--engine vllm and tensor parallelism (docs/extract.md)")
+                _persist_halved_budget(writer.adapt_path(), halved, budget, batch, e)
                 raise GpuOutOfMemory(
                     f"out of memory on a batch of {len(batch)}x{max(lengths_of(batch))} tokens at budget {budget}; "
-                    f"budget {max(1, budget // 2)} saved in {writer.adapt_path()}, re-run to resume") from e
+                    f"budget {halved} saved in {writer.adapt_path()}, re-run to resume") from e
             forward_s += time.monotonic() - t0
             pos = 0
             for s, n in zip(batch, lengths):
@@ -268,6 +273,6 @@ def _estimate(cfg: ExtractConfig, tokens: int, samples: int, bpt: int, measured_
     return est
 
 
-def _persist_halved_budget(path: str, budget: int, batch: list[Sample], err: BaseException) -> None:
-    st.write_json(path, {"token_budget": max(1, budget // 2), "previous_token_budget": budget,
+def _persist_halved_budget(path: str, halved: int, budget: int, batch: list[Sample], err: BaseException) -> None:
+    st.write_json(path, {"token_budget": halved, "previous_token_budget": budget,
                          "failed_batch": f"{len(batch)}x{max(lengths_of(batch))}", "error": str(err)[:300]})

@@ -22,11 +22,11 @@ import time
 import torch
 
 from eagle3.errors import GpuOutOfMemory, is_oom
-from eagle3.oom import maybe_inject
+from eagle3.oom import halve, maybe_inject
 from eagle3.progress import Progress
 from eagle3 import checkpoint
 from eagle3.checkpoint import state as ckpt_state
-from eagle3.train import data, distributed, objective, oom
+from eagle3.train import data, distributed, objective
 from eagle3.train.budget import TimeBudget
 from eagle3.train.config import TrainConfig, lr_at
 from eagle3.train.inputs import TrainInputs, load_inputs
@@ -149,7 +149,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         old = (self.micro, self.accum)
-        self.micro, self.accum = oom.halve(self.micro, self.accum, max(self.lengths.values()))
+        self.micro, self.accum = halve(self.micro, self.accum, max(self.lengths.values()))
         self.save()  # the weights are those after the last completed step
         raise GpuOutOfMemory(
             f"out of memory with micro-batch {old[0]} tokens x grad_accum {old[1]} at step {self.step}; saved "

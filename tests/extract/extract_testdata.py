@@ -57,9 +57,11 @@ def run_cli(args: list[str], timeout: float = 300, **env) -> subprocess.Complete
 
 
 def tree_bytes(root) -> dict[str, bytes]:
-    """Every file under root (relative name -> content), temp files and adapt files left out."""
+    """Every file under root (relative name -> content), temp files, adapt files and measured rates
+    (eagle3/rates.py: timings, not store content) left out."""
     root = Path(root)
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.name.endswith(".tmp") and not p.name.startswith("adapt-")}
+            if p.is_file() and not p.name.endswith(".tmp") and not p.name.startswith("adapt-")
+            and p.relative_to(root).parts[0] != "rates"}
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from eagle3.errors import GpuOutOfMemory, InputError
 from eagle3.extract import ExtractConfig, extract
 from eagle3.extract.store import HiddenStateStore
 
@@ -73,6 +74,15 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path, tiny_llama_dir):
 
 def _oom_args(merged, model, out, budget="256"):
     return _args(merged, model, out) + ["--shard-mb", "1", "--token-budget", budget]
+
+
+def test_oom_below_one_sample_is_refused_not_retried(tmp_path, tiny_llama_dir):
+    # 20-token samples at budget 32: half (16) cannot hold the longest sample, so no retry can help
+    merged = write_merged(tmp_path / "m", make_samples(6, seed=8, min_len=20, max_len=20))
+    run = run_cli(_oom_args(merged, tiny_llama_dir, tmp_path / "s", budget="32"), EAGLE3_INJECT_OOM_ABOVE_TOKENS=10)
+    assert run.returncode == InputError.EXIT_CODE != GpuOutOfMemory.EXIT_CODE, run.stderr
+    assert "halving it would go below the longest sample (20 tokens)" in run.stderr
+    assert not list((tmp_path / "s").glob("*/adapt-*.json"))  # nothing for a retry to adopt
 
 
 def test_oom_exits_75_then_retry_uses_the_halved_budget(tmp_path, tiny_llama_dir):

@@ -7,7 +7,7 @@ import torch
 
 from eagle3 import errors, oom
 from eagle3.errors import InputError
-from eagle3.train.oom import halve
+from eagle3.oom import halve
 
 
 def test_recognises_torch_oom_and_cuda_runtime_error_only():
