@@ -8,16 +8,14 @@ No api-server call may fail, other than the one trigger the form must refuse. Sc
 
 from __future__ import annotations
 
-import json
 import shutil
-import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.airflow.tiny_data import write_tiny_manifest
+from tests.ui.conftest import wait_for_run
 
 pytestmark = [pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
@@ -52,20 +50,6 @@ def tiny_form_values(model: str, manifest: Path) -> dict[str, str]:
             "benchmark_limit": "2", "max_new_tokens": "12", "steps": "2"}
 
 
-def _api(ui, path: str):
-    """GET an api-server route as admin. The api-server shares 2 cores with the run's tasks: a slow answer is
-    waited for, a timed-out one asked again."""
-    req = urllib.request.Request(f"{ui.base}{path}", headers={"Authorization": f"Bearer {ui.token()}"})
-    for attempt in range(3):
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return json.loads(r.read())
-        except TimeoutError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
 def _shot(page, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
@@ -94,7 +78,7 @@ def check_form(page, ui) -> None:
     assert dialog.locator("input[name=element_aux_layers]").input_value() == ""  # empty: the target's default
     assert dialog.locator("#element_regenerate_server").inner_text().strip() == "vLLM"
     _shot(page, "trigger_form")
-    runs_before = _api(ui, "/api/v2/dags/eagle3_train/dagRuns")["total_entries"]
+    runs_before = ui.get("/api/v2/dags/eagle3_train/dagRuns")["total_entries"]
     _fill(dialog, "max_seq_len", "-5")
     assert dialog.locator("input[name=element_max_seq_len]").input_value() == "-5", "clamped silently"
     dialog.get_by_role("button", name="Trigger").click()
@@ -108,7 +92,7 @@ def check_form(page, ui) -> None:
     dialog.get_by_text("Invalid input for param epochs").wait_for(timeout=30_000)
     assert "1.5 is not of type 'integer'" in dialog.inner_text()
     page.keyboard.press("Escape")
-    assert _api(ui, "/api/v2/dags/eagle3_train/dagRuns")["total_entries"] == runs_before  # nothing started
+    assert ui.get("/api/v2/dags/eagle3_train/dagRuns")["total_entries"] == runs_before  # nothing started
 
 
 def trigger_short_run(page, ui, values: dict[str, str]) -> str:
@@ -122,22 +106,9 @@ def trigger_short_run(page, ui, values: dict[str, str]) -> str:
     dialog.get_by_role("button", name="Trigger").click()
     page.wait_for_url("**/dags/eagle3_train/runs/**", timeout=60_000)
     run_id = urllib.parse.unquote(page.url.split("/runs/")[1].split("/")[0].split("?")[0])
-    conf = _api(ui, f"/api/v2/dags/eagle3_train/dagRuns/{urllib.parse.quote(run_id, safe='')}")["conf"]
+    conf = ui.get(f"/api/v2/dags/eagle3_train/dagRuns/{urllib.parse.quote(run_id, safe='')}")["conf"]
     assert conf["model"] == values["model"] and not conf["drop"] and not conf["evaluate_compare_with"], conf
     return run_id
-
-
-def wait_for_run(ui, run_id: str, timeout_s: float = 900) -> tuple[str, dict]:
-    quoted = urllib.parse.quote(run_id, safe="")
-    deadline, state = time.time() + timeout_s, None
-    while time.time() < deadline:
-        state = _api(ui, f"/api/v2/dags/eagle3_train/dagRuns/{quoted}")["state"]
-        if state in ("success", "failed"):
-            break
-        time.sleep(5)
-    tis = _api(ui, f"/api/v2/dags/eagle3_train/dagRuns/{quoted}/taskInstances?limit=100")["task_instances"]
-    return state, {(t["task_id"] if t["map_index"] < 0 else f"{t['task_id']}[{t['map_index']}]"): t["state"]
-                   for t in tis}
 
 
 def check_report_tab(page, base: str, run_id: str) -> None:
