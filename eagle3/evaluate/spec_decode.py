@@ -28,6 +28,8 @@ from typing import Protocol, Sequence
 
 import torch
 
+from eagle3.target import aux_layers
+
 
 @dataclasses.dataclass(frozen=True)
 class StepRecord:
@@ -125,10 +127,9 @@ class TargetRunner:
     def __init__(self, model, aux_layer_ids: Sequence[int] = ()):
         self.model = model.eval()
         layers = model.get_decoder().layers
-        bad = [i for i in aux_layer_ids if not 0 <= int(i) < len(layers)]
-        if bad:
-            raise ValueError(f"aux layer ids {bad} outside the target's 0..{len(layers) - 1} decoder layers")
-        self.aux_layer_ids = [int(i) for i in aux_layer_ids]
+        # the extraction's rule (one validator): no ids means a target-only run with nothing captured
+        self.aux_layer_ids = (aux_layers([int(i) for i in aux_layer_ids], len(layers),
+                                         getattr(model, "name_or_path", "target")) if len(aux_layer_ids) else [])
         self.device = next(model.parameters()).device
         self.tokens_fed = 0  # every token that went through a target forward (tests: no prefix re-runs)
         self._captured: dict[int, torch.Tensor] = {}

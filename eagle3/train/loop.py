@@ -224,15 +224,15 @@ class Trainer:
         return m
 
     def _metrics(self, sums: torch.Tensor, loss: float | None) -> dict:
-        from eagle3.draft.ttt import metrics_from_sums
+        from eagle3.draft.ttt import DEFAULT_STEP_DECAY, metrics_from_sums
 
         s = self.cfg.ttt_length
         m = metrics_from_sums(float(sums[0]) if loss is None else loss, sums[1:1 + s], sums[1 + s:1 + 2 * s],
                               sums[1 + 2 * s:])
-        # "loss": sum_i 0.8^i * loss_i (per-step means over trained positions), comparable between train
+        # "loss": sum_i decay^i * loss_i (per-step means over trained positions), comparable between train
         # and eval; "objective": what the optimizer minimized (global denominators, see objective.py).
         m["objective"] = m["loss"]
-        m["loss"] = sum(0.8 ** i * m[f"loss_{i}"] for i in range(s))
+        m["loss"] = sum(DEFAULT_STEP_DECAY ** i * m[f"loss_{i}"] for i in range(s))
         m["loss_i"] = [m[f"loss_{i}"] for i in range(s)]
         m["acc_i"] = [m[f"acc_{i}"] for i in range(s)]
         return m

@@ -54,6 +54,8 @@ OWNERS = {
     "check_sha256": "eagle3/storage.py", "sha256_problem": "eagle3/storage.py",
     # the stage registry; a free port for a test server
     "STAGES": "eagle3/stages.py", "COMMANDS": "eagle3/stages.py", "free_port": "eagle3/serving/process.py",
+    # the aux-layer validator (extraction and the decoder); the OOM halving policy (extraction and training)
+    "aux_layers": "eagle3/target.py", "halved_budget": "eagle3/oom.py",
 }
 RETIRED = ("sample_id", "_free_port", "_stats_with_table", "_publish_and_say", "_evaluate_and_say", "stage_cli")
 
@@ -74,6 +76,8 @@ def test_retired_copies_stay_gone():
     (r"\bOFFSET_BYTES \*", "eagle3/storage_options.py"),  # offsets are priced by the formula only
     (r"""["']bing["']""", "eagle3/datasets/records.py"),  # role aliases
     (r"sha256_file\(.*\)\)? *!= *\w", None),  # a digest compared by hand: storage.check_sha256 does it
+    (r"(budget|tokens|micro\w*) // 2\b", "eagle3/oom.py"),  # halving a token budget after an OOM
+    (r"(?m)^[^#\n]*\b0\.8 \*\*", None),  # the TTT step decay is DEFAULT_STEP_DECAY
 ])
 def test_a_formula_is_written_once(pattern, owner):
     places = [str(p.relative_to(REPO)) for p in _files(CODE) if re.search(pattern, p.read_text())]

@@ -146,3 +146,15 @@ def test_eagle3_stepper_cache_rollback_matches_fresh_run(tiny_llama_dir):
     want = b.extend(ids, aux)
     assert got[0] == want[0]
     assert torch.allclose(got[1], want[1], atol=1e-5)
+
+
+def test_aux_layer_ids_follow_the_extractions_rule(tiny_llama_dir):
+    # the last layer's output is the normed `last`, so id L-1 is refused here as in extraction (eagle3.target)
+    from transformers import AutoModelForCausalLM
+
+    from eagle3.errors import InputError
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    with pytest.raises(InputError, match=r"need 3 layer ids in \[0, 6\] for a 8-layer target"):
+        TargetRunner(model, aux_layer_ids=[1, 3, 7])
+    assert TargetRunner(model).aux_layer_ids == []
