@@ -12,7 +12,7 @@ import base64
 import html
 from typing import Any
 
-from eagle3.report.summary import headline_rows, tie_flips
+from eagle3.report.summary import fmt, headline_rows, tie_flips
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1200px;color:#222}
@@ -40,14 +40,10 @@ def _cell(v: Any) -> str:
     if isinstance(v, _Html):
         return v
     if v is None:
-        return '<span class="muted">n/a</span>'
+        return f'<span class="muted">{fmt(None)}</span>'
     if isinstance(v, bool):
         return str(_verdict(v, "yes" if v else "no"))
-    if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 1000 else f"{v:,.0f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return html.escape(str(v))
+    return html.escape(fmt(v))
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
@@ -64,9 +60,7 @@ def _img(plots: dict[str, bytes], name: str, alt: str) -> str:
 
 
 def _interval(point, iv) -> str:
-    if point is None:
-        return "n/a"
-    return f"{point:.3f}" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
+    return fmt(point) + (f" [{fmt(iv[0])}, {fmt(iv[1])}]" if point is not None and iv else "")
 
 
 def _status_section(status: dict | None) -> list[str]:

@@ -9,10 +9,14 @@
 - ``tie_flips(eval_report)``: every engine's tie flips with their fp32 margins and tolerances.
 - ``run_status(task_states, errors)``: which tasks failed (with their first error lines), which did not run
   because of them, which were skipped.
+- ``fmt(value)`` / ``fmt_metric(key, value)``: the one number formatter of both pages (they differ in layout
+  only).
 """
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 from eagle3.acceptance import ordered_sets
@@ -20,6 +24,28 @@ from eagle3.acceptance import ordered_sets
 VERDICT_TASK = "outcome"
 """The DAG's last task: it fails when another task failed, so it is the run's verdict, not one more failure."""
 ENGINE_LABELS = {"transformers": "project decoder (transformers)", "vllm": "vLLM", "sglang": "SGLang"}
+
+
+def fmt(value: Any) -> str:
+    """Numbers people can read: thousands separators, 4 significant digits for floats; None is "—"."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    if value is None:
+        return "—"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def fmt_metric(key: str, value: Any) -> str:
+    """``fmt``, with Unix times (``time``, ``*_at``) as UTC dates."""
+    if (key == "time" or key.endswith("_at")) and isinstance(value, (int, float)) and value > 1e8:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))
+    return fmt(value)
 
 
 def engine_label(name: str | None) -> str:

@@ -3,40 +3,19 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import jinja2
 
+from eagle3.report.summary import fmt, fmt_metric  # the one formatter of both pages
+
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
 # Columns shown first in the dataset table; other scalar columns follow, long hashes are left out.
 _FIRST = ["dataset", "category", "samples", "tokens", "loss_tokens", "rejected", "sample_share", "token_share",
           "tokens_mean", "tokens_p50", "tokens_p95", "tokens_max", "at_cap_share", "extract_hours", "reused", "flagged"]
 _HIDDEN = {"fingerprint", "tokenizer_fingerprint", "source_uri", "reject_reasons", "name", "tokens_after_cap"}
-
-
-def fmt(value: Any) -> str:
-    """Numbers people can read: thousands separators, 4 significant digits for floats."""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
-    if value is None:
-        return "—"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value)
-    return str(value)
-
-
-def fmt_metric(key: str, value: Any) -> str:
-    """``fmt``, with Unix times (``time``, ``*_at``) as UTC dates and tok/s rounded."""
-    if (key == "time" or key.endswith("_at")) and isinstance(value, (int, float)) and value > 1e8:
-        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))
-    return fmt(value)
 
 
 # The task whose output each section shows: a missing section says what happened to it.

@@ -56,6 +56,8 @@ OWNERS = {
     "STAGES": "eagle3/stages.py", "COMMANDS": "eagle3/stages.py", "free_port": "eagle3/serving/process.py",
     # the aux-layer validator (extraction and the decoder); the OOM halving policy (extraction and training)
     "aux_layers": "eagle3/target.py", "halved_budget": "eagle3/oom.py",
+    # the number formatter of report.html and the UI's report tab
+    "fmt_metric": "eagle3/report/summary.py",
 }
 RETIRED = ("sample_id", "_free_port", "_stats_with_table", "_publish_and_say", "_evaluate_and_say", "stage_cli")
 
@@ -77,7 +79,8 @@ def test_retired_copies_stay_gone():
     (r"""["']bing["']""", "eagle3/datasets/records.py"),  # role aliases
     (r"sha256_file\(.*\)\)? *!= *\w", None),  # a digest compared by hand: storage.check_sha256 does it
     (r"(budget|tokens|micro\w*) // 2\b", "eagle3/oom.py"),  # halving a token budget after an OOM
-    (r"(?m)^[^#\n]*\b0\.8 \*\*", None),  # the TTT step decay is DEFAULT_STEP_DECAY
+    (r"(?m)^[^#\n]*\b0\.8 \*\*", None),
+    (r":,\.4g\}", "eagle3/report/summary.py"),  # 4 significant digits: the one number formatter  # the TTT step decay is DEFAULT_STEP_DECAY
 ])
 def test_a_formula_is_written_once(pattern, owner):
     places = [str(p.relative_to(REPO)) for p in _files(CODE) if re.search(pattern, p.read_text())]

@@ -69,4 +69,4 @@ def test_report_html_escapes_artifact_text_once_and_never_its_own_markup():
     assert "<code>publish</code>" in page and "written 2026-12-01 10:00:00 UTC" in page
     assert page.count("<div class='scroll'><table>") == page.count("<table>") == 2  # each in its own box
     # the tie flips are listed with their margins, under the acceptance table
-    assert "<td>HumanEval/0</td><td>29</td><td>-0.169</td><td>0.502</td>" in page
+    assert "<td>HumanEval/0</td><td>29</td><td>-0.1689</td><td>0.5022</td>" in page
