@@ -63,6 +63,10 @@ DEFAULT_MANIFEST = os.environ.get("EAGLE3_MANIFEST", demo.manifest_path(layout.d
 TRAIN_GPUS = int(os.environ.get("EAGLE3_TRAIN_GPUS", "1"))  # pool_slots of train; ≤ pool size
 # GPUs the target's forward needs: online training runs it inside the train task, so train holds that many too
 TARGET_GPUS = int(os.environ.get("EAGLE3_TARGET_GPUS", "1"))
+# Online training from a vLLM server (target_engine=vllm): the server's own GPUs, held by train on top of the
+# trainer's (pool slots are fixed at parse time, so a deployment that trains online from vLLM sets this).
+TARGET_SERVER_GPUS = int(os.environ.get("EAGLE3_TARGET_SERVER_GPUS", "0"))
+TRAIN_SLOTS = TRAIN_GPUS + TARGET_SERVER_GPUS if TARGET_SERVER_GPUS else max(TRAIN_GPUS, TARGET_GPUS)
 RETRIES = int(os.environ.get("EAGLE3_RETRIES", "2"))
 RETRY_DELAY = timedelta(seconds=float(os.environ.get("EAGLE3_RETRY_DELAY_S", "60")))
 DRAFT_MODEL = Asset("eagle3://draft_model", group="eagle3")
@@ -136,7 +140,10 @@ PARAMS = form_params({
                               description="Of regenerate (hf), extract, train and evaluate (transformers); "
                                           + PRECISION_SUMMARY),
     "extract_token_budget": config_param(ExtractConfig, "token_budget", minimum=64, title="Extraction token budget"),
-    "target_engine": config_param(ExtractConfig, "engine", enum=list(EXTRACT_ENGINES), title="Extraction engine",
+    "target_engine": config_param(ExtractConfig, "engine", enum=list(EXTRACT_ENGINES), title="Target engine",
+                                  description="What runs the target for extract, and for train when it trains "
+                                              "online: transformers in the task, or a vLLM server the task starts "
+                                              "(online: set EAGLE3_TARGET_SERVER_GPUS so train holds its slots).",
                                   values_display={"transformers": "transformers (in the task)",
                                                   "vllm": "vLLM (a server the task starts)"}),
     "target_tensor_parallel_size": config_param(
@@ -278,7 +285,7 @@ def eagle3_train():
     ).expand(mapped=to_extract)
 
     train = TrainOperator(
-        task_id="train", nproc=TRAIN_GPUS, pool_slots=max(TRAIN_GPUS, TARGET_GPUS), trigger_rule="none_failed",
+        task_id="train", nproc=TRAIN_GPUS, pool_slots=TRAIN_SLOTS, trigger_rule="none_failed",
         **GPU, **common,
         config={"store": layout.store(ROOT), "layers": LAYERS, "storage": "{{ params.storage_option }}",
                 "merged": RUN.folder("merged"), "vocab": RUN.folder("vocab"), "out": RUN.folder("checkpoint"),
@@ -288,7 +295,11 @@ def eagle3_train():
                 "max_steps": "{{ params.max_steps }}", "seed": "{{ params.seed }}",
                 "precision": "{{ params.precision }}",
                 "draft_variant": "{{ params.draft_variant }}", "train_time_budget": "{{ params.train_time_budget }}",
-                "online": ONLINE, "write_back": "{{ params.online_write_back and " + ONLINE[3:]})
+                "online": ONLINE, "write_back": "{{ params.online_write_back and " + ONLINE[3:],
+                # online: the target in target_engine (a vLLM server on its own devices, or in-process)
+                "target_engine": "{{ params.target_engine if " + ONLINE[3:-3] + " else 'transformers' }}",
+                "target_tensor_parallel_size": "{{ params.target_tensor_parallel_size if " + ONLINE[3:-3]
+                                               + " else 1 }}"})
     export = Eagle3StageOperator(
         task_id="export", stage="export", **common,
         config={"checkpoint": RUN.folder("checkpoint"), "out": RUN.folder("draft")})

@@ -160,7 +160,8 @@ saved, and a re-run continues with it.
 --tensor-parallel-size etc. for targets transformers cannot hold; see docs/extract.md)."""),
     Stage("train", "train the EAGLE-3 draft with training-time test", "TrainConfig", subprocess=True,
           aliases={"model": ("--target",)},
-          choices={"init": "eagle3.train.config:INIT_CHOICES", "precision": _PRECISION},
+          choices={"init": "eagle3.train.config:INIT_CHOICES", "precision": _PRECISION,
+                   "target_engine": "eagle3.extract.config:ENGINES"},
           cli="eagle3.train.launch",
           usage="""Train the EAGLE-3 draft on a hidden-state store (training-time test, TTT).
 
@@ -168,8 +169,9 @@ Resumes from OUT/latest.json when it exists. Exit codes: 0 done, 2 bad input
 (never retry), 75 out of memory (state saved with half the micro-batch and
 twice the accumulation; re-run the same command to resume).
 
-Online: `eagle3 train --online --merged MERGED --model T --store STORE ...` runs the target inside
-training (samples the store lacks are computed per micro-batch; --write-back stores them).
+Online: `eagle3 train --online --merged MERGED --model T [--store STORE] ...` runs the target inside
+training (samples the store lacks are computed per micro-batch; --write-back stores them);
+`--target-engine vllm` gets them from a vLLM server this run starts, prefetched in the background.
 
 Data-parallel: `eagle3 train --nproc N ...` launches torchrun itself and keeps the exit codes above (torchrun
 alone exits 1 whatever its workers' codes); `python -m torch.distributed.run --nproc_per_node N -m

@@ -122,14 +122,18 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
 
         with VLLMCapture(cfg, device, max((s.num_tokens for s in mine), default=1)) as cap:
             return _extract_with(cfg, device, cap, cap.engine, start, task, mine, tokens)
-    import transformers
-
     from eagle3.extract.capture import TargetCapture
 
     cap = TargetCapture(cfg.model, device, list(cfg.layers) if cfg.layers else None, lean=cfg.lean_forward,
                         precision=cfg.precision)
-    engine = {"name": "transformers", "version": transformers.__version__}
-    return _extract_with(cfg, device, cap, engine, start, task, mine, tokens)
+    return _extract_with(cfg, device, cap, transformers_engine(), start, task, mine, tokens)
+
+
+def transformers_engine() -> dict:
+    """What the store records for the in-process forward (``engine`` in store.json and the index)."""
+    import transformers
+
+    return {"name": "transformers", "version": transformers.__version__}
 
 
 def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: float, task: str,

@@ -8,6 +8,7 @@ from eagle3 import storage_options
 from eagle3.config import DEFAULT_SEED
 from eagle3.devices import check_device, check_precision
 from eagle3.draft.config import DEFAULT_DRAFT_VARIANT, DRAFT_VARIANTS
+from eagle3.extract.config import ENGINES
 from eagle3.errors import InputError
 
 INIT_CHOICES = ("target", "random")
@@ -20,12 +21,13 @@ BUDGET_PROBE_STEPS = 4
 class TrainConfig:
     """One training run. A resumed run takes token_budget/grad_accum from the checkpoint."""
 
-    store: str
-    """Hidden-state store (the key folder or a root holding exactly one); local or s3://."""
     vocab: str
     """Vocab folder with vocab.safetensors (d2t [Vd], t2d [V]) and vocab.json."""
     out: str
     """Checkpoint folder CKPT (step-<n>/, latest.json, metrics.jsonl); local or s3://."""
+    store: str | None = None
+    """Hidden-state store (the key folder or a root holding exactly one); local or s3://. Online mode may
+    omit it (nothing is then read from or written to a store); offline and write_back need it."""
     merged: str | None = None
     """Merged dataset folder (train.parquet): train on exactly its sample ids (the store may hold more)."""
     model: str | None = None
@@ -84,6 +86,15 @@ class TrainConfig:
     write_back: bool = False
     """Online mode: also write the samples computed online into the store (shards of task ``online<rank>``),
     so later epochs and later runs read them instead of recomputing them."""
+    target_engine: str = "transformers"
+    """Online mode: what runs the target: ``transformers`` (in the training process) or ``vllm`` (a vLLM
+    server in hidden-state extraction mode on its own devices, started and stopped by this run, as
+    ``eagle3 extract --engine vllm`` does)."""
+    target_tensor_parallel_size: int = 1
+    """Online mode, target_engine vllm: the server's --tensor-parallel-size."""
+    prefetch: int = 2
+    """Online mode: micro-batches whose target states a background thread computes ahead of the trainer
+    (0: compute each when the trainer asks for it)."""
 
     draft_variant: str = DEFAULT_DRAFT_VARIANT
     """Draft architecture of a fresh run: "eagle3", or "eagle3.1" (an RMSNorm per aux block before fc, and the
@@ -137,6 +148,18 @@ class TrainConfig:
                              f"got {self.train_time_budget!r}")
         if self.write_back and not self.online:
             raise InputError("TrainConfig.write_back is for online mode only; add --online")
+        if not self.store and (self.write_back or not self.online):
+            raise InputError("TrainConfig.store is needed " + ("to write back into" if self.online else
+                             "offline (the hidden-state store to train on); pass --store STORE, or train "
+                             "--online --merged MERGED --model T without a store"))
+        if self.target_engine not in ENGINES:
+            raise InputError(f"TrainConfig.target_engine={self.target_engine!r}: choose one of {', '.join(ENGINES)}")
+        if not self.online and (self.target_engine != "transformers" or self.target_tensor_parallel_size != 1):
+            raise InputError("TrainConfig.target_engine and target_tensor_parallel_size are for online mode "
+                             "(offline training reads the store); add --online or drop them")
+        if self.target_tensor_parallel_size < 1 or self.prefetch < 0:
+            raise InputError(f"TrainConfig.target_tensor_parallel_size={self.target_tensor_parallel_size} must be "
+                             f">= 1 and prefetch={self.prefetch} >= 0")
 
 
 def warmup_steps(total: int, cfg: TrainConfig) -> int:

@@ -42,7 +42,12 @@ def train(cfg: TrainConfig) -> dict:
     """
     dist = distributed.setup(cfg.device)
     try:
-        return Trainer(cfg, load_inputs(cfg, dist.device), dist).run()
+        inputs = load_inputs(cfg, dist.device)
+        try:
+            return Trainer(cfg, inputs, dist).run()
+        finally:  # online: stops the target's server and the prefetch thread
+            if hasattr(inputs.store, "close"):
+                inputs.store.close()
     finally:
         dist.close()
 
@@ -123,12 +128,17 @@ class Trainer:
             res.loss.backward()
         return res
 
-    def _run(self, ids: list[str], denominators: torch.Tensor, grad: bool) -> tuple[torch.Tensor, bool]:
-        """Sums [loss, loss_sums(S), correct(S), counts(S)] over this rank's micro-batches, and an OOM flag."""
+    def _run(self, ids: list[str], denominators: torch.Tensor, grad: bool,
+             ahead: list[str] = ()) -> tuple[torch.Tensor, bool]:
+        """Sums [loss, loss_sums(S), correct(S), counts(S)] over this rank's micro-batches, and an OOM flag.
+        ``ahead``: this rank's samples of the next step, whose target states an online source may prefetch."""
         s = self.cfg.ttt_length
         sums = torch.zeros(1 + 3 * s, dtype=torch.float64)
         try:
-            for mb in data.micro_batches(ids, self.lengths, self.micro):
+            mbs = list(data.micro_batches(ids, self.lengths, self.micro))
+            if hasattr(self.inp.store, "schedule"):
+                self.inp.store.schedule(mbs + list(data.micro_batches(list(ahead), self.lengths, self.micro)))
+            for mb in mbs:
                 res = self._micro(mb, denominators, grad)
                 sums += torch.cat([res.loss.detach().reshape(1).double().cpu(), res.loss_sums.double().cpu(),
                                    res.correct.double().cpu(), res.counts.double().cpu()])
@@ -270,7 +280,7 @@ class Trainer:
             denominators = self._denominators(gb)
             mine = data.rank_slice(gb, self.lengths, dist.rank, dist.world)
             self.opt.zero_grad(set_to_none=True)
-            sums, failed = self._run(mine, denominators, grad=True)
+            sums, failed = self._run(mine, denominators, grad=True, ahead=self._next_slice())
             if dist.all_reduce(torch.tensor([float(failed)]), op="max").item():
                 self._on_oom()
             dist.all_reduce_grads(self.params)
@@ -319,6 +329,15 @@ class Trainer:
         }
 
     # -- online mode (eagle3.train.online) -------------------------------------------------
+    def _next_slice(self) -> list[str]:
+        """This rank's samples of the step after the current one (in this epoch), for an online prefetch."""
+        if not hasattr(self.inp.store, "schedule") or self.step + 1 >= self.total_steps:
+            return []
+        batches = self.plan(self.pos.epoch)
+        if self.pos.index + 1 >= len(batches):
+            return []
+        return data.rank_slice(batches[self.pos.index + 1], self.lengths, self.dist.rank, self.dist.world)
+
     def _mode(self) -> dict:
         """"mode" for the metrics and the summary; online runs add what the target computed so far."""
         if not hasattr(self.inp.store, "stats"):

@@ -10,15 +10,24 @@ trains on exactly what the store would have held, and an online run follows the 
 run's loss curve (tests/train/test_online.py).
 
 With ``write_back`` the computed samples also go into the store (shards of task
-``online<rank>``, written atomically like extraction's), and are read from it afterwards:
-the first epoch pays the target forward, later epochs and later runs do not.
+``online<rank>``, written atomically like extraction's, recording the engine), and are read from
+it afterwards: the first epoch pays the target forward, later epochs and later runs do not.
+
+With ``target_engine`` vllm the target is a vLLM server in extraction mode (the extract stage's
+:class:`eagle3.extract.vllm_engine.VLLMCapture`, disaggregated: its own process and devices), and
+a background thread computes the micro-batches the trainer has scheduled (``prefetch`` ahead), so
+the trainer waits only when the server is slower than training. The in-process transformers
+target is not prefetched: it would compete with training for the same device.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -35,19 +44,22 @@ SHARD_TOKENS = 1 << 20
 class OnlineSource:
     """The samples of a merged dataset, served from the store where present and from the target otherwise."""
 
-    def __init__(self, capture, storage: str, samples: dict, tokens, store_root: str, stored=None,
-                 writer=None, model_name: str | None = None, model_fp: str | None = None):
-        self.capture, self.storage = capture, storage
+    def __init__(self, capture, storage: str, samples: dict, tokens, store_root: str | None, stored=None,
+                 writer=None, model_name: str | None = None, model_fp: str | None = None,
+                 engine: dict | None = None, prefetch: int = 0):
+        self.capture, self.storage, self.engine = capture, storage, engine
+        self._prefetch = _Prefetcher(self._forward, prefetch) if prefetch else None
         self._samples, self._tokens = samples, tokens  # {id: eagle3.extract.plan.Sample}, MergedTokens
         self.store_root, self.stored, self.writer = store_root, stored, writer
         self.layers, self.hidden_size = list(capture.layers), capture.hidden_size
-        self.uri = f"online:{model_name} (store {store_root})"
+        self.uri = f"online:{model_name} (store {store_root or 'none'})"
         self.info = {"model_name": model_name, "model_fingerprint": model_fp, "vocab_size": capture.vocab_size,
                      "layers": self.layers, "hidden_size": self.hidden_size, "storage": storage}
         self._pending: list[dict] = []
         self._pending_tokens = 0
         self.counts = {"samples_from_store": 0, "samples_computed": 0, "tokens_computed": 0,
-                       "samples_written_back": 0, "target_seconds": 0.0}
+                       "samples_written_back": 0, "target_seconds": 0.0,
+                       "wait_seconds": 0.0, "prefetched_batches": 0}
 
     # -- what the trainer reads (HiddenStateStore's interface) ---------------------
     def __len__(self) -> int:
@@ -91,14 +103,39 @@ class OnlineSource:
         return [out[sid] for sid in ids]
 
     # -- the target ---------------------------------------------------------------
-    def _compute(self, ids: list[str]) -> dict[str, dict]:
+    def schedule(self, batches: list[list[str]]) -> None:
+        """Micro-batches the trainer will ask for next, in order: computed ahead when prefetching."""
+        if self._prefetch is not None:
+            self._prefetch.schedule([self._missing(b) for b in batches])
+
+    def _missing(self, ids: list[str]) -> tuple[str, ...]:
+        return tuple(s for s in ids if self.stored is None or s not in self.stored)
+
+    def _forward(self, ids: list[str]):
+        """The target's states of ``ids`` as stored (codec.encode), per sample; no bookkeeping (it may run in
+        the prefetch thread)."""
         t0 = time.monotonic()
         rows = [self._tokens.row(self._sample(sid).row) for sid in ids]
-        aux, last, lengths = self.capture.forward([r[0] for r in rows])
+        seqs = [r[0] for r in rows]
+        aux, last, lengths = (self.capture.forward(seqs, ids) if self.engine and self.engine["name"] != "transformers"
+                              else self.capture.forward(seqs))
         feats = codec.encode(self.storage, aux, last, lm_head=self.capture.lm_head)
+        out, pos = [], 0
+        for n in lengths:
+            out.append({k: v[pos:pos + n] for k, v in feats.items()})
+            pos += n
+        return rows, out, time.monotonic() - t0
+
+    def _compute(self, ids: list[str]) -> dict[str, dict]:
+        t0 = time.monotonic()
+        done = self._prefetch.take(tuple(ids)) if self._prefetch is not None else None
+        if done is not None:
+            self.counts["prefetched_batches"] += 1
+        rows, feats, seconds = done if done is not None else self._forward(ids)
+        self.counts["wait_seconds"] += time.monotonic() - t0
         out, pos = {}, 0
-        for sid, (input_ids, loss_mask), n in zip(ids, rows, lengths):
-            stored = {k: v[pos:pos + n] for k, v in feats.items()}
+        for sid, (input_ids, loss_mask), stored in zip(ids, rows, feats):
+            n = len(input_ids)
             pos += n
             sample = codec.decode(self.storage, stored)
             sample.update(input_ids=torch.from_numpy(input_ids), loss_mask=torch.from_numpy(loss_mask))
@@ -109,10 +146,18 @@ class OnlineSource:
                 self._pending_tokens += n
         self.counts["samples_computed"] += len(ids)
         self.counts["tokens_computed"] += pos
-        self.counts["target_seconds"] += time.monotonic() - t0
+        self.counts["target_seconds"] += seconds
         if self._pending_tokens >= SHARD_TOKENS:
             self.flush()
         return out
+
+    def close(self) -> None:
+        """Stop the prefetch thread and the target's server (if it has one); safe to call twice."""
+        if self._prefetch is not None:
+            self._prefetch.close()
+        close = getattr(self.capture, "close", None)
+        if close is not None:
+            close()
 
     def flush(self) -> None:
         """Publish the buffered computed samples as one shard and read them from the store from now on."""
@@ -130,13 +175,71 @@ class OnlineSource:
 
     def stats(self) -> dict:
         return {**self.counts, "target_seconds": round(self.counts["target_seconds"], 3),
-                "forward": self.capture.forward_path}
+                "wait_seconds": round(self.counts["wait_seconds"], 3), "forward": self.capture.forward_path,
+                "server_start_s": getattr(self.capture, "start_s", None),  # part of the first wait
+                "engine": (self.engine or {}).get("name")}
 
     def _sample(self, sample_id: str):
         try:
             return self._samples[sample_id]
         except KeyError:
             raise KeyError(f"sample {sample_id!r} is not in the merged dataset") from None
+
+
+class _Prefetcher:
+    """One background thread computing scheduled micro-batches in order, at most ``depth`` ahead of ``take``.
+
+    A batch asked for that is not the next ones scheduled (the schedule went stale, e.g. a write-back made
+    some samples stored) drops everything scheduled: the caller computes it itself."""
+
+    def __init__(self, compute, depth: int):
+        self._compute, self.depth = compute, int(depth)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eagle3-online-prefetch")
+        self._queued: list[tuple[str, ...]] = []
+        self._futures: OrderedDict = OrderedDict()  # submitted, not taken yet, in schedule order
+        self._lock = threading.Lock()
+
+    def schedule(self, keys: list[tuple[str, ...]]) -> None:
+        with self._lock:
+            for key in keys:
+                if key and key not in self._futures and key not in self._queued:
+                    self._queued.append(key)
+            self._top_up()
+
+    def take(self, key: tuple[str, ...]):
+        """The result for ``key`` (waiting for it), or None when it was not scheduled."""
+        with self._lock:
+            if key not in self._futures and key not in self._queued:
+                self._drop()
+                return None
+            while key not in self._futures:  # queued behind others: those are stale now
+                self._top_up()
+                first = next(iter(self._futures))
+                if first != key:
+                    self._futures.pop(first).cancel()
+            while next(iter(self._futures)) != key:
+                self._futures.popitem(last=False)[1].cancel()
+            future = self._futures.pop(key)
+        result = future.result()  # the target's own error, raised in the trainer's thread
+        with self._lock:
+            self._top_up()
+        return result
+
+    def _top_up(self) -> None:
+        while self._queued and len(self._futures) < max(self.depth, 1):
+            key = self._queued.pop(0)
+            self._futures[key] = self._pool.submit(self._compute, list(key))
+
+    def _drop(self) -> None:
+        for future in self._futures.values():
+            future.cancel()
+        self._futures.clear()
+        self._queued.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _store_root(uri: str) -> str:
@@ -147,8 +250,8 @@ def _store_root(uri: str) -> str:
 
 
 def open_source(cfg, device: str) -> OnlineSource:
-    """The OnlineSource of a TrainConfig with ``online``: the target on ``device`` and what the store holds."""
-    from eagle3.extract.capture import TargetCapture
+    """The OnlineSource of a TrainConfig with ``online``: the target (in this process on ``device``, or a vLLM
+    server the source starts on first use and stops on ``close``) and what the store holds."""
     from eagle3.extract.stage import read_merged
     from eagle3.extract.store import HiddenStateStore, StoreWriter, store_key
     from eagle3.target import model_fingerprint, resolve_model
@@ -156,22 +259,48 @@ def open_source(cfg, device: str) -> OnlineSource:
     samples, tokens = read_merged(cfg.merged)
     if not samples:
         raise InputError(f"the merged dataset {cfg.merged} holds no samples; nothing to train on")
-    capture = TargetCapture(cfg.model, device, list(cfg.layers) if cfg.layers else None, precision=cfg.precision)
-    capture.model.eval()
+    capture, engine = _target(cfg, device, max(s.num_tokens for s in samples))
     model_fp = model_fingerprint(resolve_model(cfg.model))
-    root = _store_root(cfg.store)
+    root = _store_root(cfg.store) if cfg.store else None
     key = store_key(model_fp, capture.layers, cfg.storage)
-    stored = HiddenStateStore(st.join(root, key)) if st.exists(st.join(root, key, "store.json")) else None
+    stored = HiddenStateStore(st.join(root, key)) if root and st.exists(st.join(root, key, "store.json")) else None
     writer = None
     if cfg.write_back:
         rank = os.environ.get("RANK", "0")
         writer = StoreWriter(root, model_fp=model_fp, model_name=cfg.model, layers=capture.layers,
                              hidden_size=capture.hidden_size, vocab_size=capture.vocab_size, storage=cfg.storage,
-                             task=f"online{rank}", precision=capture.precision.to_dict()).open()
+                             task=f"online{rank}", precision=capture.precision.to_dict(), engine=engine).open()
+    remote = engine["name"] != "transformers"
     source = OnlineSource(capture, cfg.storage, {s.id: s for s in samples}, tokens, root, stored, writer,
-                          model_name=cfg.model, model_fp=model_fp)
+                          model_name=cfg.model, model_fp=model_fp, engine=engine,
+                          prefetch=cfg.prefetch if remote else 0)
     have = sum(1 for s in samples if stored is not None and s.id in stored)
     log.info("online training: %d samples, %d already in the store %s, %d computed by the target (%s forward on "
-             "%s, %s)%s", len(samples), have, st.join(root, key), len(samples) - have, capture.forward_path, device,
-             capture.precision.name, "; computed samples are written back" if writer else "")
+             "%s, %s)%s", len(samples), have, st.join(root, key) if root else "(none)", len(samples) - have,
+             capture.forward_path, "its own server" if remote else device, capture.precision.name,
+             "; computed samples are written back" if writer else "")
     return source
+
+
+def _target(cfg, device: str, longest: int):
+    """(capture, engine record) for ``cfg.target_engine``: TargetCapture in this process, or the extract
+    stage's VLLMCapture (its server starts on the first forward)."""
+    if cfg.target_engine == "vllm":
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one server per rank would hold the target N times
+            raise InputError("TrainConfig.target_engine='vllm' trains in one process (one server); with several "
+                             "training processes use target_engine='transformers' or train offline")
+        from eagle3.extract.config import ExtractConfig
+        from eagle3.extract.vllm_engine import VLLMCapture
+
+        ecfg = ExtractConfig(merged=cfg.merged, model=cfg.model, out=cfg.store or "online", layers=cfg.layers,
+                             storage=cfg.storage, device="cuda" if device.startswith("cuda") else "cpu",
+                             precision=cfg.precision, engine="vllm",
+                             tensor_parallel_size=cfg.target_tensor_parallel_size)
+        capture = VLLMCapture(ecfg, ecfg.device, longest)
+        return capture, capture.engine
+    from eagle3.extract.capture import TargetCapture
+    from eagle3.extract.stage import transformers_engine
+
+    capture = TargetCapture(cfg.model, device, list(cfg.layers) if cfg.layers else None, precision=cfg.precision)
+    capture.model.eval()
+    return capture, transformers_engine()

@@ -41,7 +41,7 @@ def data(tmp_path_factory, tiny_llama_dir) -> dict:
 
 
 def cfg(data, out, store, **kw) -> TrainConfig:
-    base = dict(store=str(store), vocab=data["vocab"], out=str(out), merged=data["merged"], model=data["target"],
+    base = dict(store=None if store is None else str(store), vocab=data["vocab"], out=str(out), merged=data["merged"], model=data["target"],
                 ttt_length=3, token_budget=128, lr=3e-3, log_every=1, eval_every=4, save_every=1, epochs=2,
                 heldout_share=0.1, init="random", device="cpu", precision="float32")
     base.update(kw)
@@ -148,6 +148,29 @@ def test_online_needs_merged_and_model(data, tmp_path):
         cfg(data, tmp_path / "x", tmp_path / "s", online=True, merged=None)
     with pytest.raises(InputError, match="online mode only"):
         cfg(data, tmp_path / "x", tmp_path / "s", write_back=True)
+    with pytest.raises(InputError, match="store is needed offline"):
+        cfg(data, tmp_path / "x", None)
+    with pytest.raises(InputError, match="store is needed to write back"):
+        cfg(data, tmp_path / "x", None, online=True, write_back=True)
+    with pytest.raises(InputError, match="for online mode"):
+        cfg(data, tmp_path / "x", tmp_path / "s", target_engine="vllm")
+
+
+def test_online_without_a_store_from_the_command_line(data, tmp_path):
+    """`eagle3 train --online --merged M --model T --vocab V --out C`: no --store, nothing written but CKPT."""
+    from eagle3.cli import main
+
+    out = tmp_path / "ckpt"
+    args = ["train", "--online", "--merged", data["merged"], "--model", data["target"], "--vocab", data["vocab"],
+            "--out", str(out), "--max-steps", "2", "--ttt-length", "2", "--token-budget", "128", "--init", "random",
+            "--device", "cpu", "--result", str(tmp_path / "result.json")]
+    assert main(args) == 0
+    import json
+
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["mode"] == "online" and result["steps"] == 2
+    assert result["online"]["samples_from_store"] == 0 and result["online"]["engine"] == "transformers"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "result.json"]
 
 
 @pytest.mark.slow
