@@ -40,17 +40,33 @@ def combine(reports: dict[str, dict], primary: str) -> dict:
         theirs = dict(_headline_counts(other))
         if [key for key, _ in ours] != [key for key in theirs]:
             raise ValueError(f"{primary} and {name} measured different prompts; they cannot be compared")
-        agreement = acceptance.paired_agreement([c for _, c in ours], [theirs[key] for key, _ in ours])
         ids = {(r["set"], r["id"]): r.get("token_ids") for r in other["prompts"]}
         same = sum(ids.get((r["set"], r["id"])) == r.get("token_ids") for r in reports[primary]["prompts"]
                    if (r["set"], r["id"]) in ids)
-        report["agreement"][name] = {**agreement, "against": primary,
+        report["agreement"][name] = {**_agreement(ours, theirs, ids, reports[primary]), "against": primary,
                                      "same_greedy_output": same, "prompts_compared": len(ours)}
     report["lossless"] = all(r["lossless"] for r in reports.values())
     verdicts = {name: r["lossless_verdict"] for name, r in reports.items() if "lossless_verdict" in r}
     if len(verdicts) == len(reports):
         report["lossless_verdict"] = lossless.combined(verdicts)
     return report
+
+
+def _agreement(ours: list, theirs: dict, their_ids: dict, primary_report: dict) -> dict:
+    """The paired agreement over the prompts where both engines emitted the same greedy tokens, when some did not.
+
+    A tie flip (eagle3.evaluate.lossless) sends the two engines down different continuations of a prompt, and
+    acceptance on different text is not comparable. A convention mismatch (aux layers, d2t, norms) still shows
+    on the prompts they decode alike, since it changes acceptance, never the output. All prompts' figures stay
+    under ``all_prompts``."""
+    our_ids = {(r["set"], r["id"]): r.get("token_ids") for r in primary_report["prompts"]}
+    everything = acceptance.paired_agreement([c for _, c in ours], [theirs[key] for key, _ in ours])
+    alike = [(key, c) for key, c in ours if their_ids.get(key) == our_ids.get(key)]
+    if not alike or len(alike) == len(ours):
+        return {**everything, "compared_on": "all prompts"}
+    on_alike = acceptance.paired_agreement([c for _, c in alike], [theirs[key] for key, _ in alike])
+    return {**on_alike, "compared_on": f"the {len(alike)} prompts with the same greedy output",
+            "all_prompts": everything}
 
 
 def disagreements(report: dict) -> list[str]:
@@ -62,5 +78,6 @@ def disagreements(report: dict) -> list[str]:
         where = ["τ"] * (not a["tau"]["agree"]) + [f"position {i + 1}" for i, p in enumerate(a["by_position"])
                                                    if not p["agree"]]
         out.append(f"{name} vs {a['against']}: τ differs by {a['tau']['difference']:+.3f} "
-                   f"(interval {a['tau']['interval']}); disagreement at {', '.join(where)}")
+                   f"(interval {a['tau']['interval']}, on {a.get('compared_on', 'all prompts')}); "
+                   f"disagreement at {', '.join(where)}")
     return out

@@ -114,7 +114,8 @@ def _headline_section(ev: dict, cmp: dict) -> list[str]:
     for name, a in (ev.get("agreement") or {}).items():
         verdict = "agree within the intervals" if a.get("agree") else "DISAGREE more than the prompts allow"
         diff = a["tau"]
-        out.append(f"<p>{html.escape(name)} vs {html.escape(str(a.get('against')))}: {verdict}; τ difference "
+        out.append(f"<p>{html.escape(name)} vs {html.escape(str(a.get('against')))}: {verdict} on "
+                   f"{html.escape(str(a.get('compared_on', 'all prompts')))}; τ difference "
                    f"{_interval(diff.get('difference'), diff.get('interval'))}; same greedy output on "
                    f"{a.get('same_greedy_output')} of {a.get('prompts_compared')} prompts.</p>")
     return out

@@ -32,6 +32,25 @@ def test_equal_engines_agree_and_a_shifted_one_is_flagged():
     assert shifted["engine_order"] == ["transformers", "vllm"]
 
 
+def test_prompts_that_diverged_are_left_out_of_the_agreement_but_kept():
+    # prompts 0-3: vLLM took another continuation (a tie flip), where its acceptance is much higher; prompts
+    # 4-11 decode alike with the same acceptance: the engines agree on those, which is the comparable part
+    ours = _report([0, 0, 0, 0, 1, 2, 1, 0, 2, 1, 1, 2], "transformers")
+    theirs = _report([3, 3, 3, 3, 1, 2, 1, 0, 2, 1, 1, 2], "vllm")
+    for row in theirs["prompts"][:4]:
+        row["token_ids"] = [7, 7, 7]
+    a = combine({"transformers": ours, "vllm": theirs}, "transformers")["agreement"]["vllm"]
+    assert a["agree"] and a["prompts"] == 8 and a["compared_on"] == "the 8 prompts with the same greedy output"
+    assert not a["all_prompts"]["agree"] and a["all_prompts"]["prompts"] == 12
+    assert a["same_greedy_output"] == 8 and a["prompts_compared"] == 12
+    # a mismatch that changes acceptance, never the output, still shows on the prompts decoded alike
+    shifted = _report([0, 0, 0, 0, 3, 3, 3, 3, 3, 3, 3, 3], "vllm")
+    for row in shifted["prompts"][:4]:
+        row["token_ids"] = [7, 7, 7]
+    b = combine({"transformers": ours, "vllm": shifted}, "transformers")["agreement"]["vllm"]
+    assert not b["agree"] and b["prompts"] == 8
+
+
 def test_the_report_page_and_the_demo_show_both_engines(tmp_path, capsys):
     import json
     import sys
