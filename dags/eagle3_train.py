@@ -162,6 +162,7 @@ PARAMS = form_params({
     "max_steps": config_param(TrainConfig, "max_steps", minimum=0, title="Max steps"),
     "lr": config_param(TrainConfig, "lr", exclusiveMinimum=0, maximum=1, title="Learning rate"),
     "draft_variant": config_param(TrainConfig, "draft_variant", enum=list(DRAFT_VARIANTS), title="Draft variant"),
+    "draft_window": config_param(TrainConfig, "draft_window", minimum=0, title="Draft attention window"),
     "train_time_budget": config_param(TrainConfig, "train_time_budget", minimum=0, title="Training time budget (s)"),
     "evaluate_backend": config_param(EvaluateConfig, "backend", enum=list(EVALUATE_BACKENDS),
                                      title="Benchmark engine"),
@@ -294,7 +295,8 @@ def eagle3_train():
                 "checkpoint_ttt_steps": "{{ params.checkpoint_ttt_steps }}",
                 "max_steps": "{{ params.max_steps }}", "seed": "{{ params.seed }}",
                 "precision": "{{ params.precision }}",
-                "draft_variant": "{{ params.draft_variant }}", "train_time_budget": "{{ params.train_time_budget }}",
+                "draft_variant": "{{ params.draft_variant }}", "draft_window": "{{ params.draft_window }}",
+                "train_time_budget": "{{ params.train_time_budget }}",
                 "online": ONLINE, "write_back": "{{ params.online_write_back and " + ONLINE[3:],
                 # online: the target in target_engine (a vLLM server on its own devices, or in-process)
                 "target_engine": "{{ params.target_engine if " + ONLINE[3:-3] + " else 'transformers' }}",

@@ -175,7 +175,17 @@ def draft_config_json(cfg, dtype: str) -> dict[str, Any]:
         "torch_dtype": dtype,
         **engine_aux_layer_ids(list(cfg.aux_layer_ids)),
         **variant_keys(cfg),
+        **window_keys(cfg),
     }
+
+
+def window_keys(cfg) -> dict[str, Any]:
+    """A sliding-window draft as vLLM 0.32's Llama attention reads it (model_executor/models/llama.py: the
+    draft's layer 0 is windowed when `layer_types[0]` is "sliding_attention", by `sliding_window`). SGLang's
+    LlamaForCausalLMEagle3 builds its attention without a window: it would attend the whole context."""
+    if not cfg.sliding_window:
+        return {}
+    return {"sliding_window": cfg.sliding_window, "layer_types": ["sliding_attention"]}
 
 
 def variant_keys(cfg) -> dict[str, Any]:
@@ -284,6 +294,7 @@ def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
         aux_layer_ids=tuple(trained_aux_layer_ids(c, storage.join(draft_dir, "config.json"))),
         hidden_act=c.get("hidden_act", "silu"),
         variant=exported_variant(c, storage.join(draft_dir, "config.json")),
+        sliding_window=int(c.get("sliding_window") or 0),
     )
     raw = load_file(storage.local_path(storage.join(draft_dir, "model.safetensors")))
     by_export_name = {v: k for k, v in weight_names(cfg.variant).items()}

@@ -36,6 +36,14 @@ def sample_starts(positions: torch.Tensor) -> torch.Tensor:
     return torch.arange(positions.shape[1], device=positions.device) - positions
 
 
+def window_starts(starts: torch.Tensor, window: int) -> torch.Tensor:
+    """Sample starts narrowed to a sliding window: row t sees keys t-window+1..t of its sample (0: unchanged).
+    The block plan then skips key blocks before every row's window, so time is ~ T x window."""
+    if not window:
+        return starts
+    return torch.maximum(starts, torch.arange(starts.shape[1], device=starts.device) - (window - 1))
+
+
 @torch.compiler.disable  # the block plan is host code over the data (`tolist`); compiled callers run it eagerly
 def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, starts: torch.Tensor,
                   diag_keys=(), diag_values=(), block: int | None = None) -> torch.Tensor:

@@ -53,6 +53,10 @@ class DraftConfig:
     variant: str = DEFAULT_DRAFT_VARIANT
     """Draft architecture: "eagle3", or "eagle3.1" (fc_norm: an RMSNorm per aux block before fc; norm_output:
     the next step is fed the post-norm hidden). Checkpoints written before this field read as "eagle3"."""
+    sliding_window: int = 0
+    """Step-0 keys a query attends: the last ``sliding_window`` positions of its sample, itself included (0:
+    the whole sample). Exported as config.json `sliding_window` + `layer_types`, which vLLM 0.32 reads;
+    SGLang's draft ignores it (docs/train.md "Sliding-window draft attention")."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (target name, fingerprint); not used by the model."""
 
@@ -81,6 +85,8 @@ class DraftConfig:
             raise InputError(
                 f"DraftConfig.rope_scaling has rope_type={rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
             )
+        if not isinstance(self.sliding_window, int) or self.sliding_window < 0:
+            raise InputError(f"DraftConfig.sliding_window must be an int >= 0 (0: off), got {self.sliding_window!r}")
         if self.variant not in DRAFT_VARIANTS:
             raise InputError(f"DraftConfig.variant={self.variant!r} is not one of {', '.join(DRAFT_VARIANTS)}")
         object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
@@ -98,7 +104,7 @@ class DraftConfig:
     @classmethod
     def from_target(cls, target: dict[str, Any], draft_vocab_size: int,
                     aux_layer_ids: list[int] | None = None, variant: str = DEFAULT_DRAFT_VARIANT,
-                    **extra: Any) -> "DraftConfig":
+                    sliding_window: int = 0, **extra: Any) -> "DraftConfig":
         """Mirror a target's HF config dict (transformers 4 or 5 layout).
 
         ``aux_layer_ids`` defaults to EAGLE-3's [1, L/2-1, L-4] (layer outputs).
@@ -136,6 +142,7 @@ class DraftConfig:
             # SiLU only: a GELU target (Gemma) still gets a SiLU draft, trained from its aux states.
             hidden_act="silu",
             variant=variant,
+            sliding_window=int(sliding_window),
             extra={"target_model_type": str(target.get("model_type", "")),
                    "target_hidden_act": str(target.get("hidden_act") or target.get("hidden_activation") or "silu"),
                    **extra},

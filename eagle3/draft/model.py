@@ -284,7 +284,11 @@ class Eagle3Draft(nn.Module):
         keys, values = cache.append(k, v) if cache is not None else (k, v)
         t, s = q.shape[2], keys.shape[2]
         rows = torch.arange(t, device=q.device)[:, None] + (s - t)
-        mask = (torch.arange(s, device=q.device)[None, :] <= rows)[None, None]
+        cols = torch.arange(s, device=q.device)[None, :]
+        mask = cols <= rows
+        if self.config.sliding_window:  # the last sliding_window positions, as training saw them
+            mask &= cols > rows - self.config.sliding_window
+        mask = mask[None, None]
         out = layer.finish(hidden, layer.self_attn.attend(q, keys, values, mask))
         return self.head(out)
 

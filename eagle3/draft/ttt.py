@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from eagle3.acceptance import simulated_acceptance_length as sim_accept_len  # one definition
 
-from eagle3.draft.attention import sample_starts
+from eagle3.draft.attention import sample_starts, window_starts
 from eagle3.draft.model import Eagle3Draft
 
 DEFAULT_TTT_LENGTH = 7
@@ -127,10 +127,13 @@ def positions_in_sample(segment_ids: torch.Tensor) -> torch.Tensor:
     return idx - torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
 
 
-def step0_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """[B,1,T,T]: causal and within one sample (padding, id 0, only sees padding)."""
+def step0_mask(segment_ids: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """[B,1,T,T]: causal and within one sample (padding, id 0, only sees padding); with ``window``, only the
+    last ``window`` positions (the dense reference of `attention.window_starts`)."""
     t = segment_ids.shape[1]
     causal = torch.ones(t, t, dtype=torch.bool, device=segment_ids.device).tril()
+    if window:
+        causal = causal.triu(-(window - 1))
     same = segment_ids[:, :, None] == segment_ids[:, None, :]
     return (causal[None] & same)[:, None]
 
@@ -183,7 +186,9 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
         segment_ids = torch.ones_like(input_ids)
     loss_mask, in_draft = loss_mask.bool(), target_argmax_in_draft.bool()
     pos = positions_in_sample(segment_ids)
-    step0 = {"mask0": step0_mask(segment_ids)} if attention == "dense" else {"starts": sample_starts(pos)}
+    window = draft.config.sliding_window
+    step0 = ({"mask0": step0_mask(segment_ids, window)} if attention == "dense"
+             else {"starts": window_starts(sample_starts(pos), window)})
     hidden = draft.project_aux(aux)
     # The target side does not change across steps: its softmax and argmax are taken once.
     target_probs = target_logits_draft.float().softmax(-1)

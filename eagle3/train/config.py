@@ -106,6 +106,12 @@ class TrainConfig:
     that takes (``epochs`` is then ignored; ``max_steps`` still caps): a faster machine trains more steps,
     not faster. The fixed count is stored in the checkpoint, so a resumed run keeps the same schedule."""
 
+    draft_window: int = 0
+    """Sliding-window draft attention of a fresh run: each query attends the last draft_window positions of its
+    sample (0: off, the whole sample). Recorded in the checkpoint's config.json (`sliding_window`) and exported
+    for vLLM; SGLang ignores it (docs/train.md "Sliding-window draft attention"). A resumed run keeps the
+    checkpoint's."""
+
     compile: bool = False
     """torch.compile the TTT forward and loss (dynamic shapes; one compile per process, plus one for the
     evaluations' no-grad graph). Measured 1.6x (fp32) to 1.9x (bf16) per step on 2 CPU cores at T=1024, TTT 7
@@ -122,7 +128,7 @@ class TrainConfig:
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise InputError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("max_steps", "eval_every"):
+        for name in ("max_steps", "eval_every", "draft_window"):
             if int(getattr(self, name)) < 0:
                 raise InputError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)!r}")
         if not self.lr > 0:
