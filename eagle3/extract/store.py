@@ -2,7 +2,7 @@
 
 Layout (docs/CONTRACTS.md "Hidden-state store")::
 
-    STORE/<model_fp>-L<a>_<b>_<c>-<storage>/
+    STORE/<model_fp>-L<a>_<b>_<c>-<storage>/   (the file names and index parsing: eagle3.extract.store_format)
         store.json                      model fingerprint/name, layers, hidden/vocab size, option, bytes/token,
                                         the compute precision and engine of the run that created it
         shard-<task>-<seq>.safetensors  packed samples (no padding), written atomically
@@ -46,19 +46,16 @@ import time
 from eagle3 import storage as st
 from eagle3.errors import InputError
 from eagle3.extract.codec import decode, target_logprobs
+from eagle3.extract.store_format import (FORMAT, STORE_JSON, adapt_name, identity_diff, index_name,
+                                         read_indexes, resolve_store_dir, shard_seq, store_key)
+from eagle3.extract.store_format import shard_name as new_shard_name  # write_shard has a shard_name argument
 from eagle3.storage_options import TOPK, bytes_per_token, option
 
 __all__ = ["HiddenStateStore", "StoreWriter", "VerifiedMarks", "store_key", "target_logprobs", "FORMAT"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = "eagle3-hidden-states/1"
 _PER_SAMPLE = ("input_ids", "loss_mask", "offsets")
-
-
-def store_key(model_fp: str, layers: list[int], storage: str) -> str:
-    """Folder name of one store: model fingerprint, aux layer ids and storage option."""
-    return f"{model_fp}-L{'_'.join(str(i) for i in layers)}-{option(storage).name}"
 
 
 class StoreWriter:
@@ -86,11 +83,10 @@ class StoreWriter:
 
     def open(self) -> "StoreWriter":
         """Create store.json, or check that the existing one describes the same store."""
-        path = st.join(self.uri, "store.json")
+        path = st.join(self.uri, STORE_JSON)
         if st.exists(path):
             old = st.read_json(path)
-            keys = ("format", "model_fingerprint", "layers", "hidden_size", "vocab_size", "storage")
-            diff = {k: (old.get(k), self.info[k]) for k in keys if old.get(k) != self.info[k]}
+            diff = identity_diff(old, self.info)
             if diff:
                 raise InputError(f"{path} describes another store: {diff} (stored, wanted); "
                                  "use another --out or remove that folder")
@@ -109,27 +105,27 @@ class StoreWriter:
 
     def index(self) -> dict:
         if self._index is None:
-            path = st.join(self.uri, f"index-{self.task}.json")
+            path = st.join(self.uri, index_name(self.task))
             self._index = st.read_json(path) if st.exists(path) else {}
         return self._index
 
     def done_ids(self) -> set[str]:
         """Sample ids already stored by ANY task of this store (never extracted again)."""
-        return set(_read_indexes(self.uri)[1])
+        return set(read_indexes(self.uri)[1])
 
     def next_seq(self) -> int:
         """One past the highest shard number of this task (its count when none was ever dropped)."""
-        seqs = [int(n.rsplit("-", 1)[1].split(".")[0]) for n in self.index()]
+        seqs = [shard_seq(n) for n in self.index()]
         return max(seqs, default=-1) + 1
 
     def drop_shard(self, name: str) -> None:
         """Forget a shard (index entry first, then the file): its samples count as not extracted."""
         self.index().pop(name, None)
-        st.write_json(st.join(self.uri, f"index-{self.task}.json"), self.index())
+        st.write_json(st.join(self.uri, index_name(self.task)), self.index())
         st.delete(st.join(self.uri, name))
 
     def adapt_path(self) -> str:
-        return st.join(self.uri, f"adapt-{self.task}.json")
+        return st.join(self.uri, adapt_name(self.task))
 
     def write_shard(self, samples: list[dict], shard_name: str | None = None) -> dict:
         """Write one shard atomically, then record it in the task index.
@@ -156,13 +152,13 @@ class StoreWriter:
             tensors[name] = torch.cat([s["tensors"][name] for s in samples]).contiguous()
         ids = [s["id"] for s in samples]
         meta = {"sample_ids": json.dumps(ids), "storage": self.storage, "format": FORMAT}
-        name = shard_name or f"shard-{self.task}-{self.next_seq():05d}.safetensors"
+        name = shard_name or new_shard_name(self.task, self.next_seq())
         digest = _atomic_save(self.uri, name, lambda p: save_safetensors(tensors, p, meta))
         entry = {"sha256": digest, "samples": len(ids), "tokens": int(offsets[-1]),
                  "sample_ids": ids, "sample_tokens": lengths,
                  "precision": (self.info["precision"] or {}).get("name"), "engine": self.info["engine"]}
         self.index()[name] = entry
-        st.write_json(st.join(self.uri, f"index-{self.task}.json"), self.index())
+        st.write_json(st.join(self.uri, index_name(self.task)), self.index())
         return entry
 
 
@@ -210,51 +206,16 @@ def _atomic_save(dir_uri: str, name: str, save) -> str:
         return st.sha256_file(tmp)
 
 
-def _read_indexes(uri: str) -> tuple[dict, dict]:
-    """All index-*.json of a store -> ({shard: entry}, {sample_id: (shard, position)}).
-
-    Tasks are read in name order, so a sample stored twice resolves the same way every time.
-    """
-    shards, where = {}, {}
-    for name in st.list_files(uri):
-        if "/" in name or not (name.startswith("index-") and name.endswith(".json")):
-            continue
-        for shard, entry in sorted(st.read_json(st.join(uri, name)).items()):
-            shards[shard] = entry
-            for i, sid in enumerate(entry["sample_ids"]):
-                where.setdefault(sid, (shard, i))
-    return shards, where
-
-
-def resolve_store_dir(uri: str, key: str | None = None) -> str:
-    """A store key folder, given itself, or a root and the key (:func:`store_key`) of the store wanted in it,
-    or a root that holds exactly one store."""
-    if st.exists(st.join(uri, "store.json")):
-        return uri
-    keys = sorted({n.rsplit("/", 1)[0] for n in st.list_files(uri) if n.count("/") == 1 and n.endswith("/store.json")})
-    if key is not None:
-        if key in keys:
-            return st.join(uri, key)
-        raise InputError(f"no hidden-state store {key} under {uri} (it holds {', '.join(keys) or 'none'}); run "
-                         "`eagle3 extract` for this model, aux layers and storage option first")
-    if len(keys) == 1:
-        return st.join(uri, keys[0])
-    if not keys:
-        raise InputError(f"no hidden-state store at {uri}: expected store.json there or in one subfolder; "
-                         "run `eagle3 extract --out` first")
-    raise InputError(f"{uri} holds several stores ({', '.join(keys)}); pass one of those folders")
-
-
 class HiddenStateStore:
     """Read-only, memory-mapped access to a store (local or s3://; s3 shards are cached locally)."""
 
     def __init__(self, uri: str, key: str | None = None):
         self.uri = resolve_store_dir(str(uri), key)
-        self.info = st.read_json(st.join(self.uri, "store.json"))
+        self.info = st.read_json(st.join(self.uri, STORE_JSON))
         self.storage = self.info["storage"]
         self.layers = self.info["layers"]
         self.hidden_size = self.info["hidden_size"]
-        self.shards, self._where = _read_indexes(self.uri)
+        self.shards, self._where = read_indexes(self.uri)
         self._open: dict = {}
 
     def __len__(self) -> int:

@@ -81,10 +81,12 @@ def read_datasets(paths: dict[str, str], reused: dict) -> dict | None:
 def read_extraction(paths: dict[str, str], tasks: dict) -> dict | None:
     """Shards, samples and tokens written so far, from the store's index-*.json files, and this run's
     extract tasks' results summed."""
+    from eagle3.extract.store_format import is_index_name
+
     stores: dict[str, dict] = {}
     for name in _list(paths["store"]):
         folder, _, base = name.rpartition("/")
-        if not (base.startswith("index-") and base.endswith(".json")):
+        if not is_index_name(base):
             continue
         index = _read_json(storage.join(paths["store"], name)) or {}
         entry = stores.setdefault(folder, {"store": folder, "tasks": 0, "shards": 0, "samples": 0, "tokens": 0})

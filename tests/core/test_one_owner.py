@@ -58,6 +58,10 @@ OWNERS = {
     "aux_layers": "eagle3/target.py", "halved_budget": "eagle3/oom.py",
     # the number formatter of report.html and the UI's report tab
     "fmt_metric": "eagle3/report/summary.py",
+    # the hidden-state store's file rules (writer, reader, online write-back, the UI's report tab)
+    "store_key": "eagle3/extract/store_format.py", "read_indexes": "eagle3/extract/store_format.py",
+    "resolve_store_dir": "eagle3/extract/store_format.py", "is_index_name": "eagle3/extract/store_format.py",
+    "IDENTITY": "eagle3/extract/store_format.py",
 }
 RETIRED = ("sample_id", "_free_port", "_stats_with_table", "_publish_and_say", "_evaluate_and_say", "stage_cli")
 
@@ -80,7 +84,8 @@ def test_retired_copies_stay_gone():
     (r"sha256_file\(.*\)\)? *!= *\w", None),  # a digest compared by hand: storage.check_sha256 does it
     (r"(budget|tokens|micro\w*) // 2\b", "eagle3/oom.py"),  # halving a token budget after an OOM
     (r"(?m)^[^#\n]*\b0\.8 \*\*", None),
-    (r":,\.4g\}", "eagle3/report/summary.py"),  # 4 significant digits: the one number formatter  # the TTT step decay is DEFAULT_STEP_DECAY
+    (r":,\.4g\}", "eagle3/report/summary.py"),  # 4 significant digits: the one number formatter
+    (r"""f?["'](index|shard|adapt)-(\{|["'])""", "eagle3/extract/store_format.py"),  # the store's file names  # the TTT step decay is DEFAULT_STEP_DECAY
 ])
 def test_a_formula_is_written_once(pattern, owner):
     places = [str(p.relative_to(REPO)) for p in _files(CODE) if re.search(pattern, p.read_text())]
