@@ -15,6 +15,7 @@ import torch
 from eagle3 import storage
 from eagle3.draft import DraftConfig
 from eagle3.errors import InputError
+from eagle3.extract.store_format import STORE_JSON, store_key
 from eagle3.train import data
 from eagle3.train.config import TrainConfig
 
@@ -79,7 +80,6 @@ def _store_key(cfg: TrainConfig) -> str | None:
     """Which store of a root to train on: the one extraction filled for this model, layers and option."""
     if not cfg.model:
         return None
-    from eagle3.extract.store import store_key
     from eagle3.target import config_int, default_aux_layers, model_fingerprint, read_config, resolve_model
 
     layers = cfg.layers or default_aux_layers(config_int(read_config(cfg.model), "num_hidden_layers", cfg.model))
@@ -100,7 +100,7 @@ def load_inputs(cfg: TrainConfig, device: str = "cpu") -> TrainInputs:
     d2t, t2d = load_vocab(cfg.vocab)
     name = cfg.model or store.info.get("model_name")
     if not name:
-        raise InputError(f"{store.uri}/store.json names no model_name; pass --model")
+        raise InputError(f"{store.uri}/{STORE_JSON} names no model_name; pass --model")
     target_dir = resolve_model(name)
     target_cfg = read_config(target_dir)
     vocab_size = config_vocab_size(target_cfg, f"{target_dir}/config.json")
@@ -109,17 +109,17 @@ def load_inputs(cfg: TrainConfig, device: str = "cpu") -> TrainInputs:
                          f"{vocab_size}; rebuild the map for this target with `eagle3 vocab`", file=cfg.vocab)
     if int(store.info.get("vocab_size", vocab_size)) != vocab_size:
         raise InputError(f"store vocab_size {store.info['vocab_size']} != target {name} vocab_size {vocab_size}",
-                         file=storage.join(store.uri, "store.json"))
+                         file=storage.join(store.uri, STORE_JSON))
     stored_fp = store.info.get("model_fingerprint")
     if stored_fp and stored_fp != model_fingerprint(target_dir):
         raise InputError(f"the store was extracted from model {stored_fp}, but --target {name} is "
                          f"{model_fingerprint(target_dir)}; pass the target the store was built from",
-                         file=storage.join(store.uri, "store.json"))
+                         file=storage.join(store.uri, STORE_JSON))
     dcfg = DraftConfig.from_target(target_cfg, int(d2t.shape[0]), list(store.layers), cfg.draft_variant,
                                    sliding_window=cfg.draft_window, target_model=name, target_fingerprint=stored_fp)
     if dcfg.hidden_size != int(store.hidden_size):
         raise InputError(f"store hidden_size {store.hidden_size} != target hidden_size {dcfg.hidden_size}",
-                         file=storage.join(store.uri, "store.json"))
+                         file=storage.join(store.uri, STORE_JSON))
     ids = store.sample_ids()
     if cfg.merged:
         ids = _merged_ids(cfg.merged, store)

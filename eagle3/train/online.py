@@ -244,7 +244,9 @@ class _Prefetcher:
 
 def _store_root(uri: str) -> str:
     """The root that holds store key folders, given a root or a key folder itself."""
-    if st.exists(st.join(uri, "store.json")):
+    from eagle3.extract.store_format import is_store
+
+    if is_store(uri):
         return uri.rstrip("/").rsplit("/", 1)[0]
     return uri
 
@@ -253,7 +255,8 @@ def open_source(cfg, device: str) -> OnlineSource:
     """The OnlineSource of a TrainConfig with ``online``: the target (in this process on ``device``, or a vLLM
     server the source starts on first use and stops on ``close``) and what the store holds."""
     from eagle3.extract.stage import read_merged
-    from eagle3.extract.store import HiddenStateStore, StoreWriter, store_key
+    from eagle3.extract.store import HiddenStateStore, StoreWriter
+    from eagle3.extract.store_format import is_store, store_key
     from eagle3.target import model_fingerprint, resolve_model
 
     samples, tokens = read_merged(cfg.merged)
@@ -263,7 +266,7 @@ def open_source(cfg, device: str) -> OnlineSource:
     model_fp = model_fingerprint(resolve_model(cfg.model))
     root = _store_root(cfg.store) if cfg.store else None
     key = store_key(model_fp, capture.layers, cfg.storage)
-    stored = HiddenStateStore(st.join(root, key)) if root and st.exists(st.join(root, key, "store.json")) else None
+    stored = HiddenStateStore(st.join(root, key)) if root and is_store(st.join(root, key)) else None
     writer = None
     if cfg.write_back:
         rank = os.environ.get("RANK", "0")

@@ -85,7 +85,8 @@ def test_retired_copies_stay_gone():
     (r"(budget|tokens|micro\w*) // 2\b", "eagle3/oom.py"),  # halving a token budget after an OOM
     (r"(?m)^[^#\n]*\b0\.8 \*\*", None),
     (r":,\.4g\}", "eagle3/report/summary.py"),  # 4 significant digits: the one number formatter
-    (r"""f?["'](index|shard|adapt)-(\{|["'])""", "eagle3/extract/store_format.py"),  # the store's file names  # the TTT step decay is DEFAULT_STEP_DECAY
+    (r"""f?["'](index|shard|adapt)-(\{|["'])""", "eagle3/extract/store_format.py"),  # the store's file names
+    (r"""["']store\.json["']""", "eagle3/extract/store_format.py"),  # the TTT step decay is DEFAULT_STEP_DECAY
 ])
 def test_a_formula_is_written_once(pattern, owner):
     places = [str(p.relative_to(REPO)) for p in _files(CODE) if re.search(pattern, p.read_text())]
