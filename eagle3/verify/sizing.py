@@ -65,8 +65,10 @@ def memory_check(cfg: VerifyConfig, longest: int, max_seq_len: int, online: bool
     problems, notes = [], []
     topk = storage_options.option(cfg.storage).target == "topk"
 
-    # Extraction (and online training, whose colocated target is a transformers forward).
-    engine = "transformers" if online else cfg.target_engine
+    # Extraction, and online training: with target_engine=transformers its target is a forward inside the
+    # trainer (colocated, so it shares the device); with vllm it is a server on devices of its own.
+    colocated = online and cfg.target_engine == "transformers"
+    engine = cfg.target_engine
     ext = memory.extraction_peak(config, cfg.extract_token_budget, engine, cfg.tensor_parallel_size,
                                  precision=precision if engine == "transformers" else None, topk_logits=topk,
                                  max_seq_len=max_seq_len)
@@ -76,12 +78,12 @@ def memory_check(cfg: VerifyConfig, longest: int, max_seq_len: int, online: bool
         fix = (f"target_tensor_parallel_size={tp} splits it over {tp} devices" if tp else
                "no tensor parallel size up to 64 fits: add pipeline parallelism or a quantized checkpoint")
         if engine == "transformers":
-            where = "training_mode=online runs it inside training" if online else "target_engine=transformers"
+            where = "training_mode=online runs it inside training" if colocated else "target_engine=transformers"
             problems.append(
                 f"{where}: the target ({w['params'] / 1e9:.1f}B params, {w['dtype']}) needs {gib(ext['bytes'])} on "
                 f"one device ({gib(w['bytes'])} of weights) but a device has {gib(mem)} ({kind}); use "
                 f"target_engine=vllm with tensor parallelism ({fix})"
-                + (" and training_mode=offline" if online else ""))
+                + (" (online training then reads it from the vLLM server)" if colocated else ""))
         else:
             problems.append(f"target_engine=vllm with target_tensor_parallel_size={cfg.tensor_parallel_size}: "
                             f"{gib(ext['bytes'])} per device > {gib(usable)} usable of {gib(mem)}; {fix}")
@@ -90,7 +92,7 @@ def memory_check(cfg: VerifyConfig, longest: int, max_seq_len: int, online: bool
 
     # Training: the largest micro-batch that fits, capped by the Param; one longest sample must fit.
     shape = memory.DraftShape.from_target(config, cfg.draft_vocab_size)
-    reserved = ext["bytes"] - memory.RUNTIME_BYTES["cuda"] if online else 0
+    reserved = ext["bytes"] - memory.RUNTIME_BYTES["cuda"] if colocated else 0
     args = dict(ttt_length=cfg.ttt_length, precision=precision, soft_labels=not topk, device=kind)
     fits = memory.largest_budget(shape, mem, checkpoint_steps=cfg.checkpoint_ttt_steps, reserved=reserved, **args)
     budget = min(fits, cfg.train_token_budget)

@@ -91,3 +91,19 @@ def test_extraction_hours_per_engine_from_the_runs_before(tmp_path, merged):  # 
     # No measurement for this target: the tokens_per_s parameter.
     other = verify(VerifyConfig(merged, model=target(tmp_path, SMOL, "fresh"), store=store, tokens_per_s=123.0))
     assert {c["name"]: c for c in other["checks"]}["extraction_space"]["tokens_per_s"] == 123.0
+
+
+def test_online_from_vllm_leaves_the_trainers_device_to_the_draft(tmp_path, merged):  # noqa: F811
+    model = target(tmp_path, LLAMA_70B, "llama70b")
+    # online with the target inside the trainer: the 70B forward would share the trainer's device
+    failed, msg, _ = failed_checks(merged, model=model, training_mode="online", target_engine="transformers",
+                                   device_memory_gib=80)
+    assert failed == {"memory"} and "training_mode=online runs it inside training" in msg
+    # online from a vLLM server on its own devices: nothing of the target is reserved on the trainer's
+    result = verify(VerifyConfig(merged, model=model, training_mode="online", target_engine="vllm",
+                                 tensor_parallel_size=4, device_memory_gib=80))
+    mem = {c["name"]: c for c in result["checks"]}["memory"]
+    offline = verify(VerifyConfig(merged, model=model, training_mode="offline", target_engine="vllm",
+                                  tensor_parallel_size=4, device_memory_gib=80))
+    assert mem["passed"] and mem["fits_token_budget"] == \
+        {c["name"]: c for c in offline["checks"]}["memory"]["fits_token_budget"]
