@@ -61,7 +61,7 @@ def test_every_stage_takes_v_from_config_json_not_the_tokenizer(padded_tiny_llam
     assert load_file(str(tmp_path / "vocab/vocab.safetensors"))["t2d"].shape == (v,)
 
     extract(ExtractConfig(merged=str(tmp_path / "merged"), model=model, out=str(tmp_path / "store"), device="cpu"))
-    (store_dir,) = [p for p in (tmp_path / "store").iterdir() if p.is_dir()]
+    (store_dir,) = [p for p in (tmp_path / "store").iterdir() if (p / "store.json").exists()]
     assert HiddenStateStore(str(store_dir)).info["vocab_size"] == v
     train(TrainConfig(store=str(store_dir), vocab=str(tmp_path / "vocab"), out=str(tmp_path / "ckpt"),
                       merged=str(tmp_path / "merged"), model=model, max_steps=2, ttt_length=2, device="cpu",

@@ -71,7 +71,9 @@ def _child_cpu_s() -> float:
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file's bytes, the measured extraction rates (eagle3/rates.py: timings, not artifacts) left out."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.relative_to(root).parts[0] != "rates"}
 
 
 def _litter(*roots: Path) -> list[str]:
