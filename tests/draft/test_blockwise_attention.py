@@ -62,18 +62,22 @@ def test_bf16_inputs_use_fp32_statistics_and_return_bf16():
         torch.testing.assert_close(g.float(), w, rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("ttt_length", range(1, 8))
-def test_whole_draft_loss_and_gradients_equal_dense(ttt_length, monkeypatch):
-    monkeypatch.setattr(attention, "DEFAULT_BLOCK", 6)  # several blocks, the last one short
-    model = make_tiny_draft()
-    batch = tiny_batch(model.config, b=2, t=T)
+def dense_and_blockwise(model, batch, ttt_length: int) -> list:
+    """[(result, {param: grad})] of the dense reference, then of the blockwise attention, on the same batch."""
     runs = []
     for kind in ("dense", "blockwise"):
         model.zero_grad(set_to_none=True)
         res = ttt_forward(model, **batch, segment_ids=SEGMENTS, ttt_length=ttt_length, attention=kind)
         res.loss.backward()
         runs.append((res, {n: p.grad for n, p in model.named_parameters()}))
-    (dense, g_dense), (block, g_block) = runs
+    return runs
+
+
+@pytest.mark.parametrize("ttt_length", range(1, 8))
+def test_whole_draft_loss_and_gradients_equal_dense(ttt_length, monkeypatch):
+    monkeypatch.setattr(attention, "DEFAULT_BLOCK", 6)  # several blocks, the last one short
+    model = make_tiny_draft()
+    (dense, g_dense), (block, g_block) = dense_and_blockwise(model, tiny_batch(model.config, b=2, t=T), ttt_length)
     torch.testing.assert_close(block.loss, dense.loss, rtol=1e-5, atol=1e-6)
     assert block.counts.tolist() == dense.counts.tolist() and block.correct.tolist() == dense.correct.tolist()
     for name, g in g_dense.items():

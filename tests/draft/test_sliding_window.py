@@ -11,10 +11,9 @@ import torch
 from eagle3.draft import attention
 from eagle3.draft.attention import sample_starts, ttt_attention, window_starts
 from eagle3.draft.ttt import positions_in_sample, ttt_forward
+from tests.draft.test_blockwise_attention import SEGMENTS, T, dense_and_blockwise  # the same packed rows
 from tests.draft.tiny import make_tiny_draft, tiny_batch
 
-T = 23
-SEGMENTS = torch.tensor([[1] * 5 + [2] * 9 + [3] * 8 + [4], [1] * 11 + [2] * 7 + [0] * 5])
 
 
 def _reference(q, ks, vs, seg, window):
@@ -66,13 +65,8 @@ def test_whole_draft_with_a_window_equals_dense(ttt_length, monkeypatch):
     monkeypatch.setattr(attention, "DEFAULT_BLOCK", 6)
     model = make_tiny_draft(sliding_window=4)
     batch = tiny_batch(model.config, b=2, t=T)
-    runs = []
-    for kind in ("dense", "blockwise"):
-        model.zero_grad(set_to_none=True)
-        res = ttt_forward(model, **batch, segment_ids=SEGMENTS, ttt_length=ttt_length, attention=kind)
-        res.loss.backward()
-        runs.append((res.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (dense, g_dense), (block, g_block) = runs
+    (dense, g_dense), (block, g_block) = dense_and_blockwise(model, batch, ttt_length)
+    dense, block = dense.loss.detach(), block.loss.detach()
     torch.testing.assert_close(block, dense, rtol=1e-5, atol=1e-6)
     for name, g in g_dense.items():
         torch.testing.assert_close(g_block[name], g, rtol=1e-4, atol=1e-6)
