@@ -79,8 +79,10 @@ class TargetCapture:
                             None if bias is None else bias.float())
 
     @torch.inference_mode()
-    def forward(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Right-padded forward pass.
+    def forward(self, seqs: list[list[int]], sample_ids: list[str] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Right-padded forward pass. ``sample_ids`` is VLLMCapture's (it names samples in its errors);
+        unused here, so callers treat both engines alike.
 
         Returns (aux [ΣT, 3H], last [ΣT, H], lengths) for the real tokens only,
         samples in the given order (on the model's device and dtype).

@@ -197,10 +197,7 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
             t0 = time.monotonic()
             try:
                 seqs = [tokens.row(s.row)[0] for s in batch]
-                if cfg.engine == "vllm":  # names each sample in its errors
-                    aux, last, lengths = cap.forward(seqs, sample_ids=[s.id for s in batch])
-                else:
-                    aux, last, lengths = cap.forward(seqs)
+                aux, last, lengths = cap.forward(seqs, sample_ids=[s.id for s in batch])
                 feats = codec.encode(cfg.storage, aux, last, lm_head=cap.lm_head)
             except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
                 if not is_oom(e):

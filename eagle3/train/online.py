@@ -117,8 +117,7 @@ class OnlineSource:
         t0 = time.monotonic()
         rows = [self._tokens.row(self._sample(sid).row) for sid in ids]
         seqs = [r[0] for r in rows]
-        aux, last, lengths = (self.capture.forward(seqs, ids) if self.engine and self.engine["name"] != "transformers"
-                              else self.capture.forward(seqs))
+        aux, last, lengths = self.capture.forward(seqs, sample_ids=ids)
         feats = codec.encode(self.storage, aux, last, lm_head=self.capture.lm_head)
         out, pos = [], 0
         for n in lengths:
