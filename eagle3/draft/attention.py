@@ -46,37 +46,43 @@ def window_starts(starts: torch.Tensor, window: int) -> torch.Tensor:
 
 @torch.compiler.disable  # the block plan is host code over the data (`tolist`); compiled callers run it eagerly
 def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, starts: torch.Tensor,
-                  diag_keys=(), diag_values=(), block: int | None = None) -> torch.Tensor:
-    """Step-0 keys causal within the sample plus diagonal-only later keys; [B,nh,T,hd] in q's dtype.
+                  diag_keys=(), diag_values=(), block: int | None = None, q_offset: int = 0) -> torch.Tensor:
+    """Step-0 keys causal within the sample plus diagonal-only later keys; [B,nh,Tq,hd] in q's dtype.
 
-    q [B,nh,T,hd]; k0/v0 [B,nkv,T,hd] (nh a multiple of nkv); starts [B,T] int
-    (`sample_starts`); each diag key/value [B,nkv,T,hd] pairs only with its own row.
+    q [B,nh,Tq,hd]; k0/v0 [B,nkv,T,hd] (nh a multiple of nkv); starts [B,Tq] int
+    (`sample_starts`: key index where each query row's sample begins); each diag key/value
+    [B,nkv,Tq,hd] pairs only with its own row. Query row r sits at key position r + ``q_offset``
+    (a sequence-parallel rank's slice of the rows, eagle3/train/sequence.py; 0: Tq = T).
     """
     block = block or DEFAULT_BLOCK
     if len(diag_keys) != len(diag_values):
         raise ValueError(f"{len(diag_keys)} diagonal keys but {len(diag_values)} values")
-    return _TTTAttention.apply(q, k0, v0, starts, block, len(diag_keys), *diag_keys, *diag_values)
+    if q_offset < 0 or q_offset + q.shape[2] > k0.shape[2]:
+        raise ValueError(f"query rows {q_offset}..{q_offset + q.shape[2]} outside the {k0.shape[2]} keys")
+    return _TTTAttention.apply(q, k0, v0, starts, block, q_offset, len(diag_keys), *diag_keys, *diag_values)
 
 
-def _plan(starts: torch.Tensor, block: int) -> list[tuple[int, int, list[tuple[int, int, bool]]]]:
-    """Per query block (r0, r1, [(c0, c1, needs_mask)]): the key blocks any of its rows may see."""
+def _plan(starts: torch.Tensor, block: int, q_offset: int = 0) -> list[tuple[int, int, list[tuple[int, int, bool]]]]:
+    """Per query block (r0, r1, [(c0, c1, needs_mask)]): the key blocks any of its rows may see (rows are
+    local, keys global: row r is at key position r + q_offset)."""
     b, t = starts.shape
     nb = -(-t // block)
     pad = nb * block - t
-    lo = F.pad(starts, (0, pad), value=t).view(b, nb, block).amin(dim=(0, 2))
+    lo = F.pad(starts, (0, pad), value=t + q_offset).view(b, nb, block).amin(dim=(0, 2))
     hi = F.pad(starts, (0, pad), value=0).view(b, nb, block).amax(dim=(0, 2))
     plan = []
     for qi, (lo_i, hi_i) in enumerate(torch.stack([lo, hi]).T.tolist()):
         r0, r1 = qi * block, min(t, (qi + 1) * block)
-        keys = [(c0, min(c0 + block, r1)) for c0 in range(lo_i, r1, block)]
+        g0, g1 = r0 + q_offset, r1 + q_offset
+        keys = [(c0, min(c0 + block, g1)) for c0 in range(lo_i, g1, block)]
         # A block needs a mask if a key lies after some row (the diagonal) or before some row's start.
-        plan.append((r0, r1, [(c0, c1, c1 - 1 > r0 or c0 < hi_i) for c0, c1 in keys]))
+        plan.append((r0, r1, [(c0, c1, c1 - 1 > g0 or c0 < hi_i) for c0, c1 in keys]))
     return plan
 
 
-def _blocked(starts: torch.Tensor, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+def _blocked(starts: torch.Tensor, r0: int, r1: int, c0: int, c1: int, q_offset: int = 0) -> torch.Tensor:
     """[B,1,1,rows,keys] True where row r may NOT attend key c (c > r, or c before the row's sample start)."""
-    rows = torch.arange(r0, r1, device=starts.device)[:, None]
+    rows = torch.arange(r0, r1, device=starts.device)[:, None] + q_offset
     cols = torch.arange(c0, c1, device=starts.device)[None, :]
     return ((cols > rows)[None] | (cols[None] < starts[:, r0:r1, None]))[:, None, None]
 
@@ -87,10 +93,10 @@ def _rows(x5: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
 
 
 class _TTTAttention(torch.autograd.Function):
-    """Inputs (q, k0, v0, starts, block, n, *diag_keys[n], *diag_values[n]); see `ttt_attention`."""
+    """Inputs (q, k0, v0, starts, block, q_offset, n, *diag_keys[n], *diag_values[n]); see `ttt_attention`."""
 
     @staticmethod
-    def forward(ctx, q, k0, v0, starts, block, n_diag, *diag):
+    def forward(ctx, q, k0, v0, starts, block, q_offset, n_diag, *diag):
         b, nh, t, hd = q.shape
         nkv = k0.shape[1]
         g, scale = nh // nkv, hd ** -0.5
@@ -99,7 +105,7 @@ class _TTTAttention(torch.autograd.Function):
         q5, o5 = q.view(b, nkv, g, t, hd), out.view(b, nkv, g, t, hd)
         d_k, d_v = diag[:n_diag], diag[n_diag:]
         with torch.autocast(q.device.type, enabled=False):  # fp32 math under bf16 autocast too
-            for r0, r1, keys in _plan(starts, block):
+            for r0, r1, keys in _plan(starts, block, q_offset):
                 n = r1 - r0
                 qb = _rows(q5, r0, r1) * scale  # [B,nkv,g,n,hd]
                 if n_diag:
@@ -115,7 +121,7 @@ class _TTTAttention(torch.autograd.Function):
                 for c0, c1, masked in keys:
                     s = (q2 @ k0[:, :, c0:c1].float().transpose(-1, -2)).view(b, nkv, g, n, c1 - c0)
                     if masked:
-                        s.masked_fill_(_blocked(starts, r0, r1, c0, c1), float("-inf"))
+                        s.masked_fill_(_blocked(starts, r0, r1, c0, c1, q_offset), float("-inf"))
                     m_new = torch.maximum(m, s.amax(-1))
                     # A row all masked so far has m_new = -inf; a 0 base keeps exp() at 0 instead of nan.
                     base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -128,7 +134,7 @@ class _TTTAttention(torch.autograd.Function):
                 o5[:, :, :, r0:r1] = (acc / l[..., None]).to(out.dtype)
                 lse[..., r0:r1] = m + torch.log(l)
         ctx.save_for_backward(q, k0, v0, starts, out, lse, *diag)
-        ctx.block, ctx.n_diag = block, n_diag
+        ctx.block, ctx.q_offset, ctx.n_diag = block, q_offset, n_diag
         return out
 
     @staticmethod
@@ -147,7 +153,7 @@ class _TTTAttention(torch.autograd.Function):
         dv0 = torch.zeros(v0.shape, dtype=torch.float32, device=v0.device)
         ddk, ddv = [torch.empty_like(k) for k in d_k], [torch.empty_like(v) for v in d_v]
         with torch.autocast(q.device.type, enabled=False):
-            for r0, r1, keys in _plan(starts, ctx.block):
+            for r0, r1, keys in _plan(starts, ctx.block, ctx.q_offset):
                 n = r1 - r0
                 qb = _rows(q5, r0, r1) * scale
                 dob = _rows(do5, r0, r1)
@@ -167,7 +173,7 @@ class _TTTAttention(torch.autograd.Function):
                     kb, vb = k0[:, :, c0:c1].float(), v0[:, :, c0:c1].float()
                     s = (q2 @ kb.transpose(-1, -2)).view(b, nkv, g, n, c1 - c0)
                     if masked:
-                        s.masked_fill_(_blocked(starts, r0, r1, c0, c1), float("-inf"))
+                        s.masked_fill_(_blocked(starts, r0, r1, c0, c1, ctx.q_offset), float("-inf"))
                     p = s.sub_(lse_b[..., None]).exp_()
                     dp = (do2 @ vb.transpose(-1, -2)).view(b, nkv, g, n, c1 - c0)
                     ds = dp.sub_(big_d[..., None]).mul_(p).view(b, nkv, g * n, c1 - c0)
@@ -175,4 +181,4 @@ class _TTTAttention(torch.autograd.Function):
                     dk0[:, :, c0:c1] += ds.transpose(-1, -2) @ q2
                     dv0[:, :, c0:c1] += p.view(b, nkv, g * n, c1 - c0).transpose(-1, -2) @ do2
                 dq5[:, :, :, r0:r1] = (dqb * scale).to(dq.dtype)
-        return (dq, dk0.to(k0.dtype), dv0.to(v0.dtype), None, None, None, *ddk, *ddv)
+        return (dq, dk0.to(k0.dtype), dv0.to(v0.dtype), None, None, None, None, *ddk, *ddv)

@@ -296,7 +296,7 @@ class Eagle3Draft(nn.Module):
 
     def ttt_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                  history: list[tuple[torch.Tensor, torch.Tensor]], mask0: torch.Tensor | None = None,
-                 *, starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 *, starts: torch.Tensor | None = None, shard=None) -> tuple[torch.Tensor, torch.Tensor]:
         """One TTT step over whole sequences (see eagle3/draft/ttt.py).
 
         ``history`` holds (k, v) of earlier steps and gets this step's appended.
@@ -304,7 +304,8 @@ class Eagle3Draft(nn.Module):
         step's keys only at the query's own position. Give exactly one of
         ``starts`` [B,T] (`attention.sample_starts`: the blockwise attention,
         O(T) memory) or ``mask0`` [B,1,T,T] (`ttt.step0_mask`: the dense
-        reference, O(T^2)).
+        reference, O(T^2)). ``shard`` (eagle3/draft/sequence.py, blockwise only): the rows
+        are this rank's slice; step 0's keys are gathered from every rank into ``history``.
         Returns (logits [B,T,Vd], the next step's hidden [B,T,H]: see `head`).
         """
         if (mask0 is None) == (starts is None):
@@ -314,12 +315,17 @@ class Eagle3Draft(nn.Module):
         attn_mod = layer.self_attn
         cos, sin = rope_cos_sin(self.inv_freq, position_ids)
         q, k, v = attn_mod.qkv(layer.attention_input(self.embed(input_ids), hidden), cos, sin)
+        if shard is not None and not history:  # step 0: every rank's keys, once per micro-batch
+            if mask0 is not None:
+                raise ValueError("sequence parallelism needs the blockwise attention (starts), not mask0")
+            k, v = shard.gather(k), shard.gather(v)
         history.append((k, v))
         (k0, v0), later = history[0], history[1:]
         later_k, later_v = [kv[0] for kv in later], [kv[1] for kv in later]
         if mask0 is not None:
             attn = attn_mod.attend(q, k0, v0, mask0, later_k, later_v)
         else:
-            attn = attn_mod.project_out(ttt_attention(q, k0, v0, starts, later_k, later_v))
+            attn = attn_mod.project_out(ttt_attention(q, k0, v0, starts, later_k, later_v,
+                                                      q_offset=shard.start if shard is not None else 0))
         out = layer.finish(hidden, attn)
         return self.head(out)

@@ -34,6 +34,7 @@ from eagle3.acceptance import simulated_acceptance_length as sim_accept_len  # o
 
 from eagle3.draft.attention import sample_starts, window_starts
 from eagle3.draft.model import Eagle3Draft
+from eagle3.draft.sequence import SeqShard, single
 
 DEFAULT_TTT_LENGTH = 7
 DEFAULT_STEP_DECAY = 0.8  # step i's loss weight is 0.8 ** i
@@ -157,7 +158,7 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
                 loss_mask: torch.Tensor, segment_ids: torch.Tensor | None = None,
                 ttt_length: int = DEFAULT_TTT_LENGTH, step_decay: float = DEFAULT_STEP_DECAY,
                 normalizer: torch.Tensor | None = None, attention: str = "blockwise",
-                checkpoint_steps: bool = False) -> TTTResult:
+                checkpoint_steps: bool = False, shard: SeqShard | None = None) -> TTTResult:
     """Run ``ttt_length`` TTT steps and return the loss and per-step counts.
 
     All inputs are unshifted, per target position j, [B,T,...]:
@@ -177,35 +178,61 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
     ``checkpoint_steps``: keep only each step's inputs for backward and run the
     step again there (`torch.utils.checkpoint`): the same loss and gradients,
     one step's activations (its [T, Vd] log-softmax above all) alive at a time.
+    ``shard`` (eagle3/draft/sequence.py): this rank's rows of a row split over a
+    process group. ``segment_ids`` is then the whole row [B,T] (it must be given);
+    every other input is either the whole row or just ``shard.window(ttt_length)``.
+    The result holds this rank's rows' share; summed over the ranks (loss, counts,
+    gradients) it is the single-process result.
     """
     if ttt_length < 1:
         raise ValueError(f"ttt_length must be >= 1, got {ttt_length}")
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
     if segment_ids is None:
+        if shard is not None:
+            raise ValueError("a sequence-parallel shard needs the whole row's segment_ids")
         segment_ids = torch.ones_like(input_ids)
-    loss_mask, in_draft = loss_mask.bool(), target_argmax_in_draft.bool()
+    width = segment_ids.shape[1]
+    if shard is None:
+        shard = single(width)
+    elif attention != "blockwise" or shard.width != width:
+        raise ValueError(f"a sequence-parallel shard needs blockwise attention and rows of its width "
+                         f"{shard.width} (got {attention}, {width})")
+    lo, hi = shard.window(ttt_length)
+    rows = shard.stop - lo
+
+    def window(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] == width:
+            return x[:, lo:hi]
+        if x.shape[1] != hi - lo:
+            raise ValueError(f"an input of {x.shape[1]} positions: the shard needs {width} or {hi - lo}")
+        return x
+
     pos = positions_in_sample(segment_ids)
-    window = draft.config.sliding_window
-    step0 = ({"mask0": step0_mask(segment_ids, window)} if attention == "dense"
-             else {"starts": window_starts(sample_starts(pos), window)})
-    hidden = draft.project_aux(aux)
+    win = draft.config.sliding_window
+    step0 = ({"mask0": step0_mask(segment_ids, win)} if attention == "dense"
+             else {"starts": window_starts(sample_starts(pos), win)[:, lo:shard.stop]})
+    if shard.world > 1:
+        step0["shard"] = shard
+    input_ids, segs, pos = window(input_ids), segment_ids[:, lo:hi], pos[:, lo:hi]
+    loss_mask, in_draft = window(loss_mask).bool(), window(target_argmax_in_draft).bool()
+    hidden = draft.project_aux(window(aux)[:, :rows])
     # The target side does not change across steps: its softmax and argmax are taken once.
+    target_logits_draft = window(target_logits_draft)
     target_probs = target_logits_draft.float().softmax(-1)
     target_top = target_logits_draft.argmax(-1)
-    width = input_ids.shape[1]
     history: list = []  # k0, v0, k1, v1, ...: flat, so a checkpointed step takes them as tensor arguments
     total = hidden.new_zeros(())
     sums, correct, counts = [], [], []
     for i in range(ttt_length):
-        same_sample = (_shift(segment_ids, 2 + i, -1) == segment_ids) & (segment_ids != 0)
+        same_sample = (_shift(segs, 2 + i, -1) == segs) & (segs != 0)
         mask = _shift(loss_mask, 2 + i, False) & _shift(in_draft, 1 + i, False) & same_sample
         # Positions t >= width-1-i have no target (the mask is 0 there), so the loss
-        # is taken on the first `valid` positions against the target at t+1+i: slices, no copies.
-        valid = max(width - 1 - i, 0)
+        # is taken on the first `valid` rows against the target at t+1+i: slices, no copies.
+        valid = min(rows, max(width - 1 - i - lo, 0))
         mask = mask[:, :valid]
-        step = partial(_step, draft, _shift(input_ids, 1 + i, 0), pos + i, step0,
-                       target_probs[:, 1 + i:], target_top[:, 1 + i:], mask, valid)
+        step = partial(_step, draft, _shift(input_ids, 1 + i, 0)[:, :rows], pos[:, :rows] + i, step0,
+                       target_probs[:, 1 + i:1 + i + valid], target_top[:, 1 + i:1 + i + valid], mask, valid)
         if checkpoint_steps:
             step_sum, step_correct, hidden, k, v = checkpoint(step, hidden, *history, use_reentrant=False)
         else:
