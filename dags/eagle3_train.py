@@ -156,6 +156,7 @@ PARAMS = form_params({
         description="The most padded tokens per training micro-batch: the verify gate predicts the device's "
                     "memory (eagle3/memory.py) and gives train the largest budget up to this that fits."),
     "checkpoint_ttt_steps": config_param(TrainConfig, "checkpoint_ttt_steps", title="Checkpoint TTT steps"),
+    "sequence_parallel": config_param(TrainConfig, "sequence_parallel", title="Sequence parallel training"),
     "device_memory_gib": config_param(VerifyConfig, "device_memory_gib", minimum=0, title="Device memory (GiB)"),
     "ttt_length": config_param(TrainConfig, "ttt_length", minimum=1, maximum=16, title="TTT length"),
     "epochs": config_param(TrainConfig, "epochs", minimum=1, title="Epochs"),
@@ -269,6 +270,7 @@ def eagle3_train():
                 "draft_vocab_size": "{{ params.draft_vocab_size }}", "ttt_length": "{{ params.ttt_length }}",
                 "train_token_budget": "{{ params.train_token_budget }}",
                 "checkpoint_ttt_steps": "{{ params.checkpoint_ttt_steps }}", "precision": "{{ params.precision }}",
+                "sequence_parallel": "{{ params.sequence_parallel }}", "train_processes": TRAIN_GPUS,
                 "device_memory_gib": "{{ params.device_memory_gib }}"})
     vocab = Eagle3StageOperator(
         task_id="vocab", stage="vocab", **common,
@@ -293,6 +295,7 @@ def eagle3_train():
                 "model": "{{ params.model }}", "ttt_length": "{{ params.ttt_length }}", "epochs": "{{ params.epochs }}",
                 "lr": "{{ params.lr }}", "token_budget": TRAIN_BUDGET,
                 "checkpoint_ttt_steps": "{{ params.checkpoint_ttt_steps }}",
+                "sequence_parallel": "{{ params.sequence_parallel }}",
                 "max_steps": "{{ params.max_steps }}", "seed": "{{ params.seed }}",
                 "precision": "{{ params.precision }}",
                 "draft_variant": "{{ params.draft_variant }}", "draft_window": "{{ params.draft_window }}",

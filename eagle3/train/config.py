@@ -123,6 +123,12 @@ class TrainConfig:
     step's peak RSS from 5.67 to 2.89 GiB for +18% CPU time, +46% wall under load (docs/train.md "Long context").
     Off by default: at short lengths it costs the time and memory is not what binds."""
 
+    sequence_parallel: bool = False
+    """Split each micro-batch's rows over the processes of a multi-process run (``--nproc``/torchrun) instead of
+    giving each process its own samples (eagle3/draft/sequence.py): every process reads the same micro-batches
+    and runs the TTT steps on its 1/N of the positions, so one sample N times longer fits per device. The loss
+    and gradients equal one process's. Offline only; token_budget then counts the whole group's tokens."""
+
     def __post_init__(self) -> None:
         positive = ("epochs", "ttt_length", "token_budget", "grad_accum", "keep", "log_every", "save_every")
         for name in positive:
@@ -163,6 +169,9 @@ class TrainConfig:
         if not self.online and (self.target_engine != "transformers" or self.target_tensor_parallel_size != 1):
             raise InputError("TrainConfig.target_engine and target_tensor_parallel_size are for online mode "
                              "(offline training reads the store); add --online or drop them")
+        if self.sequence_parallel and self.online:
+            raise InputError("TrainConfig.sequence_parallel is for offline training (every process would run the "
+                             "target on the same samples online); extract a store first, or drop it")
         if self.target_tensor_parallel_size < 1 or self.prefetch < 0:
             raise InputError(f"TrainConfig.target_tensor_parallel_size={self.target_tensor_parallel_size} must be "
                              f">= 1 and prefetch={self.prefetch} >= 0")

@@ -28,6 +28,7 @@ from eagle3 import checkpoint
 from eagle3.checkpoint import state as ckpt_state
 from eagle3.train import data, distributed, objective
 from eagle3.train.budget import TimeBudget
+from eagle3.draft.sequence import SeqShard
 from eagle3.train.config import TrainConfig, lr_at
 from eagle3.train.inputs import TrainInputs, load_inputs
 
@@ -55,6 +56,9 @@ def train(cfg: TrainConfig) -> dict:
 class Trainer:
     def __init__(self, cfg: TrainConfig, inputs: TrainInputs, dist: distributed.Dist):
         self.cfg, self.inp, self.dist = cfg, inputs, dist
+        # Sequence parallel: every process reads the same samples and takes its share of their positions.
+        self.seq_parallel = cfg.sequence_parallel and dist.world > 1
+        self.data_rank, self.data_world = (0, 1) if self.seq_parallel else (dist.rank, dist.world)
         self.device = torch.device(dist.device)
         self.lengths = inputs.lengths
         self.ckpt = checkpoint.load_latest(cfg.out)
@@ -62,7 +66,7 @@ class Trainer:
             self.model = inputs.fresh_draft().to(self.device)
             self.step, self.pos = 0, data.Position()
             self.micro, self.accum = cfg.token_budget, cfg.grad_accum
-            self.global_tokens = cfg.token_budget * cfg.grad_accum * dist.world
+            self.global_tokens = cfg.token_budget * cfg.grad_accum * self.data_world
         else:
             st = self.ckpt.state
             self.model = inputs.draft_from_checkpoint(self.ckpt).to(self.device)
@@ -113,17 +117,21 @@ class Trainer:
     def _micro(self, ids: list[str], denominators: torch.Tensor, grad: bool):
         maybe_inject(data.padded_tokens(ids, self.lengths))
         batch = data.collate(self.inp.store, ids, self.device)
+        shard = None
+        if self.seq_parallel:  # the soft labels of this process's window only (the cache keys whole rows)
+            shard = SeqShard(self.dist.rank, self.dist.world, batch["input_ids"].shape[1])
+            batch = objective.shard_window(batch, shard, self.cfg.ttt_length)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision.bf16):
             with torch.no_grad():
-                known = self.in_draft.get(ids, batch["input_ids"].shape[1])
+                known = None if shard else self.in_draft.get(ids, batch["input_ids"].shape[1])
                 target_logits, in_draft = objective.targets(batch, self.head, self.d2t, self.t2d,
                                                             None if known is None else known.to(self.device))
-                if known is None:
+                if known is None and shard is None:
                     self.in_draft.put(ids, in_draft, batch["attention_mask"])
             with torch.set_grad_enabled(grad):
                 res = objective.ttt_sums(self.model, batch, target_logits, in_draft, denominators.to(self.device),
                                          self.cfg.ttt_length, compiled=self.cfg.compile,
-                                         checkpoint_steps=self.cfg.checkpoint_ttt_steps)
+                                         checkpoint_steps=self.cfg.checkpoint_ttt_steps, shard=shard)
         if grad:
             res.loss.backward()
         return res
@@ -218,7 +226,7 @@ class Trainer:
         if not held:
             return None
         self.model.eval()
-        mine = data.rank_slice(held, self.lengths, self.dist.rank, self.dist.world)
+        mine = data.rank_slice(held, self.lengths, self.data_rank, self.data_world)
         sums, failed = self._run(mine, torch.ones(self.cfg.ttt_length), grad=False)
         self.model.train()
         self._flush_online()  # the next evaluation reads the held-out samples written back
@@ -278,7 +286,7 @@ class Trainer:
                 continue
             gb = batches[self.pos.index]
             denominators = self._denominators(gb)
-            mine = data.rank_slice(gb, self.lengths, dist.rank, dist.world)
+            mine = data.rank_slice(gb, self.lengths, self.data_rank, self.data_world)
             self.opt.zero_grad(set_to_none=True)
             sums, failed = self._run(mine, denominators, grad=True, ahead=self._next_slice())
             if dist.all_reduce(torch.tensor([float(failed)]), op="max").item():
@@ -336,7 +344,7 @@ class Trainer:
         batches = self.plan(self.pos.epoch)
         if self.pos.index + 1 >= len(batches):
             return []
-        return data.rank_slice(batches[self.pos.index + 1], self.lengths, self.dist.rank, self.dist.world)
+        return data.rank_slice(batches[self.pos.index + 1], self.lengths, self.data_rank, self.data_world)
 
     def _mode(self) -> dict:
         """"mode" for the metrics and the summary; online runs add what the target computed so far."""

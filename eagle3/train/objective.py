@@ -97,10 +97,19 @@ def ttt_function(compiled: bool):
     return _COMPILED["ttt"]
 
 
+def shard_window(batch: dict, shard, ttt_length: int) -> dict:
+    """A collated micro-batch cut to the positions a sequence-parallel process reads (`SeqShard.window`);
+    ``attention_mask`` (the segment ids) stays whole: the positions inside each sample need it."""
+    lo, hi = shard.window(ttt_length)
+    return {k: v if k == "attention_mask" or not torch.is_tensor(v) or v.dim() < 2 else v[:, lo:hi]
+            for k, v in batch.items()}
+
+
 def ttt_sums(draft, batch: dict, target_logits: torch.Tensor, in_draft: torch.Tensor,
              denominators: torch.Tensor, ttt_length: int, compiled: bool = False,
-             checkpoint_steps: bool = False) -> ttt.TTTResult:
-    """TTT over one collated micro-batch with the loss divided by the global ``denominators``."""
+             checkpoint_steps: bool = False, shard=None) -> ttt.TTTResult:
+    """TTT over one collated micro-batch with the loss divided by the global ``denominators``; with ``shard``,
+    this process's positions of it (eagle3/draft/sequence.py)."""
     return ttt_function(compiled)(draft, batch["input_ids"], batch["aux"], target_logits, in_draft,
                                   batch["loss_mask"], batch["attention_mask"].long(), ttt_length=ttt_length,
-                                  normalizer=denominators, checkpoint_steps=checkpoint_steps)
+                                  normalizer=denominators, checkpoint_steps=checkpoint_steps, shard=shard)

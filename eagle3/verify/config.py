@@ -78,6 +78,11 @@ class VerifyConfig:
     this (verify.json's memory check ``train_token_budget``, which the DAG hands to train)."""
     checkpoint_ttt_steps: bool = _default(TrainConfig, "checkpoint_ttt_steps")
     """Whether train checkpoints each TTT step (less memory per token)."""
+    sequence_parallel: bool = _default(TrainConfig, "sequence_parallel")
+    """Whether train splits each micro-batch's positions over its processes (then a device holds 1/train_processes
+    of every sample)."""
+    train_processes: int = 1
+    """Processes (devices) of the train task: what sequence_parallel divides a sample over."""
     precision: str = _default(TrainConfig, "precision")
     """Training precision to size for (auto: bf16 on a GPU, by the CPU's flags on a CPU)."""
     device_memory_gib: float = 0.0
@@ -96,7 +101,7 @@ class VerifyConfig:
             raise InputError(f"VerifyConfig.target_engine={self.target_engine!r} is not one of "
                              f"{', '.join(EXTRACT_ENGINES)}")
         for name in ("tensor_parallel_size", "extract_token_budget", "draft_vocab_size", "ttt_length",
-                     "train_token_budget"):
+                     "train_token_budget", "train_processes"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"VerifyConfig.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.device_memory_gib < 0:

@@ -64,3 +64,37 @@ def test_nproc_launcher_keeps_exit_code_75_for_an_oom(tiny_store, tmp_path):
     assert proc.returncode == 75, proc.stderr[-4000:]
     state = checkpoint.load_latest(str(out)).state
     assert (state["token_budget"], state["grad_accum"], state["world_size"]) == (64, 2, 2)
+
+
+def test_sequence_parallel_ranks_match_one_process(tiny_store, tmp_path):
+    """`--sequence-parallel` on 2 gloo ranks: both read the same micro-batches and split their positions; the
+    loss curve, the held-out figures and the trained-position counts equal one process's with the same batch."""
+    torch.set_num_threads(1)
+    out = tmp_path / "sp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "eagle3", "train",
+           "--store", tiny_store["store"], "--vocab", tiny_store["vocab"], "--out", str(out),
+           "--ttt-length", "3", "--token-budget", "64", "--grad-accum", "2", "--lr", "3e-3",
+           "--max-steps", str(STEPS), "--log-every", "1", "--save-every", "3", "--eval-every", "3",
+           "--init", "random", "--device", "cpu", "--sequence-parallel", "--precision", "float32"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref = tmp_path / "one"
+    # fp32 both: in bf16 the ranks' shorter matmuls round differently from one process's
+    train(cfg_for(tiny_store, ref, token_budget=64, grad_accum=2, max_steps=STEPS, eval_every=3, save_every=3,
+                  precision="float32"))
+    assert losses(out) == pytest.approx(losses(ref), rel=1e-5, abs=1e-6)
+    ev_sp = [e["sim_accept_len"] for e in read_metrics(str(out / "metrics.jsonl"), "eval")]
+    ev_one = [e["sim_accept_len"] for e in read_metrics(str(ref / "metrics.jsonl"), "eval")]
+    assert len(ev_sp) == 2 and ev_sp == pytest.approx(ev_one, rel=1e-4)
+    rows, one = (read_metrics(str(d / "metrics.jsonl"), "train") for d in (out, ref))
+    assert [r["tokens_0"] for r in rows] == [r["tokens_0"] for r in one]  # not twice: each rank held a share
+
+
+def test_sequence_parallel_refuses_online():
+    from eagle3.errors import InputError
+    from eagle3.train.config import TrainConfig
+
+    with pytest.raises(InputError, match="sequence_parallel is for offline training"):
+        TrainConfig(out="x", vocab="v", online=True, merged="m", model="t", sequence_parallel=True)

@@ -107,3 +107,22 @@ def test_online_from_vllm_leaves_the_trainers_device_to_the_draft(tmp_path, merg
                                   tensor_parallel_size=4, device_memory_gib=80))
     assert mem["passed"] and mem["fits_token_budget"] == \
         {c["name"]: c for c in offline["checks"]}["memory"]["fits_token_budget"]
+
+
+def test_sequence_parallel_sizes_a_share_of_each_sample_per_device(tmp_path, merged):  # noqa: F811
+    """A sample too long for one device fails with sequence_parallel named; over 4 sequence-parallel processes
+    each device holds a quarter of it, and the gate's budget is 4x one device's."""
+    model = target(tmp_path, SMOL, "smol")
+    shape = memory.DraftShape.from_target(SMOL, 8192)
+    per = memory.training_peak(shape, 0, 7, "float32", checkpoint_steps=True)
+    gib = (per["static"] + 30 * per["per_token"]) / memory.USABLE_SHARE / memory.GiB
+    failed, msg, _ = failed_checks(merged, model=model, device_memory_gib=gib, precision="float32",
+                                   checkpoint_ttt_steps=True)
+    assert failed == {"memory"} and "or set sequence_parallel" in msg
+    one = verify(VerifyConfig(merged, model=model, device_memory_gib=3, precision="float32",
+                              train_token_budget=1 << 20))
+    four = verify(VerifyConfig(merged, model=model, device_memory_gib=3, precision="float32",
+                               train_token_budget=1 << 20, sequence_parallel=True, train_processes=4))
+    assert four["train_token_budget"] == 4 * one["train_token_budget"] > 0
+    mem = {c["name"]: c for c in four["checks"]}["memory"]
+    assert f"{one['train_token_budget']} per device over 4 sequence-parallel processes" in mem["detail"]
