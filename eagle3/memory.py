@@ -90,11 +90,15 @@ def step_bytes(s: DraftShape, precision: str, checkpointed: bool, first: bool) -
 
 
 def training_peak(s: DraftShape, tokens: int, ttt_length: int, precision: str = "float32",
-                  checkpoint_steps: bool = False, soft_labels: bool = True, device: str = "cuda") -> dict:
+                  checkpoint_steps: bool = False, soft_labels: bool = True, device: str = "cuda",
+                  seq_parallel: int = 1) -> dict:
     """Predicted peak bytes of one training micro-batch of ``tokens`` padded tokens on one device.
 
     ``soft_labels``: the store keeps `last`, so the target's lm_head [V, H] is on the device (top-k stores
-    carry log-probs instead). Returns {"bytes", "static", "per_token", "parts"} (parts: name -> bytes)."""
+    carry log-probs instead). ``seq_parallel``: the micro-batch's positions are split over that many devices
+    (eagle3/draft/sequence.py), so a device holds 1/seq_parallel of the per-token terms, plus every position's
+    gathered step-0 keys and values. Returns {"bytes", "static", "per_token" (per token of the micro-batch),
+    "parts"} (parts: name -> bytes)."""
     p = s.params()
     static = {"draft weights, grads, AdamW": 16 * p + (2 * p if precision == "bfloat16" else 0),
               "frozen embedding": 4 * s.vocab * s.hidden,
@@ -106,16 +110,23 @@ def training_peak(s: DraftShape, tokens: int, ttt_length: int, precision: str = 
         acts += step_bytes(s, precision, False, False)
     per_token = {"inputs": 16 * s.hidden + 17, "target logits": 4 * s.draft_vocab, "ttt activations": acts,
                  "backward of a step": 12 * s.draft_vocab}
+    if seq_parallel > 1:
+        per_token = {k: v / seq_parallel for k, v in per_token.items()}
+        # every position's k0/v0 (compute dtype), their fp32 gradients in the attention's backward, the
+        # cast back and the all_reduce's copy: (8 + 6 b) bytes per kv element, b the compute dtype's size
+        b = 2 if precision == "bfloat16" else 4
+        per_token["gathered step-0 keys"] = (8 + 6 * b) * s.kv_heads * s.head_dim
     parts = {**static, **{k: v * tokens for k, v in per_token.items()}}
     return {"bytes": int(sum(parts.values())), "static": int(sum(static.values())),
             "per_token": float(sum(per_token.values())), "parts": {k: int(v) for k, v in parts.items()}}
 
 
 def largest_budget(s: DraftShape, memory: int, ttt_length: int, precision: str, checkpoint_steps: bool,
-                   soft_labels: bool = True, device: str = "cuda", reserved: int = 0) -> int:
+                   soft_labels: bool = True, device: str = "cuda", reserved: int = 0, seq_parallel: int = 1) -> int:
     """The largest token budget (a multiple of BUDGET_STEP; 0 if none) whose predicted peak plus ``reserved``
-    (another tenant of the device: a colocated target) fits USABLE_SHARE of ``memory`` bytes."""
-    peak = training_peak(s, 0, ttt_length, precision, checkpoint_steps, soft_labels, device)
+    (another tenant of the device: a colocated target) fits USABLE_SHARE of ``memory`` bytes (with
+    ``seq_parallel``, of each of that many devices sharing the micro-batch's positions)."""
+    peak = training_peak(s, 0, ttt_length, precision, checkpoint_steps, soft_labels, device, seq_parallel)
     room = USABLE_SHARE * memory - peak["static"] - reserved
     n = int(room / peak["per_token"]) if room > 0 else 0
     return n // BUDGET_STEP * BUDGET_STEP

@@ -94,15 +94,14 @@ def memory_check(cfg: VerifyConfig, longest: int, max_seq_len: int, online: bool
     shape = memory.DraftShape.from_target(config, cfg.draft_vocab_size)
     reserved = ext["bytes"] - memory.RUNTIME_BYTES["cuda"] if colocated else 0
     args = dict(ttt_length=cfg.ttt_length, precision=precision, soft_labels=not topk, device=kind)
-    # Sequence parallel: a device holds 1/split of each micro-batch's positions (eagle3/draft/sequence.py; the
-    # gathered step-0 keys, kv heads x head_dim per position, are left out: small next to H and Vd).
+    # Sequence parallel: a device holds 1/split of each micro-batch's positions (eagle3/draft/sequence.py).
     split = cfg.train_processes if cfg.sequence_parallel else 1
-    fits = split * memory.largest_budget(shape, mem, checkpoint_steps=cfg.checkpoint_ttt_steps, reserved=reserved,
-                                         **args)
+    args["seq_parallel"] = split
+    fits = memory.largest_budget(shape, mem, checkpoint_steps=cfg.checkpoint_ttt_steps, reserved=reserved, **args)
     budget = min(fits, cfg.train_token_budget)
-    need = memory.training_peak(shape, -(-longest // split), checkpoint_steps=cfg.checkpoint_ttt_steps, **args)
+    need = memory.training_peak(shape, longest, checkpoint_steps=cfg.checkpoint_ttt_steps, **args)
     if fits < longest:
-        with_ckpt = split * memory.largest_budget(shape, mem, checkpoint_steps=True, reserved=reserved, **args)
+        with_ckpt = memory.largest_budget(shape, mem, checkpoint_steps=True, reserved=reserved, **args)
         fix = (f"set checkpoint_ttt_steps (then samples up to {with_ckpt} tokens fit)"
                if not cfg.checkpoint_ttt_steps and with_ckpt >= longest else
                f"lower max_seq_len (now {max_seq_len}) to {max(fits, 0)} or less"
@@ -118,7 +117,7 @@ def memory_check(cfg: VerifyConfig, longest: int, max_seq_len: int, online: bool
     per_device = -(-budget // split)
     notes.append(f"training: {budget} tokens per micro-batch ({'capped by train_token_budget' if budget < fits else 'the most that fits'}"
                  f"; {fits} fit{f', {per_device} per device over {split} sequence-parallel processes' if split > 1 else ''}), "
-                 f"{gib(memory.training_peak(shape, per_device, checkpoint_steps=cfg.checkpoint_ttt_steps, **args)['bytes'] + reserved)} "
+                 f"{gib(memory.training_peak(shape, budget, checkpoint_steps=cfg.checkpoint_ttt_steps, **args)['bytes'] + reserved)} "
                  f"predicted of {gib(mem)} ({kind}, {precision}, TTT {cfg.ttt_length}, Vd {cfg.draft_vocab_size}"
                  f"{', checkpointed steps' if cfg.checkpoint_ttt_steps else ''})"
                  + (f"; samples longer than {budget} train alone (up to {longest}, which fits)" if budget < longest else ""))
