@@ -75,12 +75,17 @@ class TimeBudget:
         self._tokens += tokens
 
     def due(self, step: int) -> bool:
-        """Whether enough steps were timed to fix the total."""
-        return not self.fixed and self._from is not None and step - self._from[0] >= BUDGET_PROBE_STEPS
+        """Whether enough steps were timed to fix the total, or max_steps ends the run before they were."""
+        if self.fixed:
+            return False
+        if self.max_steps and step >= self.max_steps:
+            return True
+        return self._from is not None and step - self._from[0] >= BUDGET_PROBE_STEPS
 
     def fix(self, step: int, elapsed: float, future_tokens: Iterable[int], heldout_tokens: int) -> int:
         """Fix total_steps: ``step`` done after ``elapsed`` s; ``future_tokens`` the real tokens of each next step."""
-        timed_s = max(elapsed - self._from[2], 1e-9)
+        start = self._from if self._from is not None else (step, 0, elapsed)  # capped before any timed step
+        timed_s = max(elapsed - start[2], 1e-9)
         rate = self._tokens / timed_s  # real tokens per second
         eval_s = heldout_tokens * EVAL_COST_PER_TOKEN / max(rate, 1e-9)
         left = self.seconds - elapsed - eval_s  # the final evaluation always runs
@@ -96,7 +101,7 @@ class TimeBudget:
             planned += cost
             n += 1
         self.total_steps, self.fixed = step + n, True
-        self.measured = {"timed_steps": step - self._from[0], "timed_seconds": round(timed_s, 3),
+        self.measured = {"timed_steps": step - start[0], "timed_seconds": round(timed_s, 3),
                          "tokens_per_s": round(rate, 1), "fixed_at_step": step, "elapsed_s": round(elapsed, 3),
                          "planned_seconds": round(planned + eval_s, 3)}
         return self.total_steps

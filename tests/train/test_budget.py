@@ -87,6 +87,16 @@ def test_a_faster_machine_trains_more_steps_in_the_same_budget(monkeypatch, tiny
     assert state["budget"]["total_steps"] == state["total_steps"] == fast["steps"]
 
 
+@pytest.mark.parametrize("cap", [1, 2, BUDGET_PROBE_STEPS + 2])
+def test_max_steps_caps_a_budget_run_also_while_it_times(monkeypatch, tiny_store, tmp_path, cap):
+    """max_steps below the timed steps ends the run there (it used to train until the timing was done)."""
+    torch.set_num_threads(1)
+    got = _budget_run(monkeypatch, tiny_store, tmp_path / f"cap{cap}", dt=0.125, max_steps=cap)
+    assert got["steps"] == got["total_steps"] == cap and got["budget"]["fixed"]
+    assert [r["step"] for r in read_metrics(str(tmp_path / f"cap{cap}" / "metrics.jsonl"), "train")] == \
+        list(range(1, cap + 1))
+
+
 def test_a_resumed_budget_run_keeps_the_fixed_steps_and_the_curve(monkeypatch, tiny_store, tmp_path):
     torch.set_num_threads(1)
     ref = _budget_run(monkeypatch, tiny_store, tmp_path / "ref", dt=0.125, save_every=1, keep=1000)
