@@ -165,7 +165,8 @@ def summarize(run_dir: Path) -> None:
         print(f"lossless, every engine and prompt set: {lossless_text(r)}")
         for name, a in (r.get("agreement") or {}).items():
             print(f"{name} vs {a['against']}: {'agree' if a['agree'] else 'DISAGREE beyond the intervals'} "
-                  f"(tau difference {a['tau']['difference']:+.3f}, interval {a['tau']['interval']}, "
+                  f"(tau difference {a['tau']['difference']:+.3f}, interval "
+                  f"[{', '.join(f'{x:+.3f}' for x in a['tau']['interval'])}], "
                   f"on {a.get('compared_on', 'all prompts')}; same greedy output on {a.get('same_greedy_output')} "
                   f"of {a.get('prompts_compared')} prompts)")
     html = run["report"] / "report.html"
