@@ -25,7 +25,7 @@ _LAZY = {
     "load_target_head": "eagle3.draft.build", "read_target_tensors": "eagle3.draft.build",
     "ttt_forward": "eagle3.draft.ttt", "target_from_last": "eagle3.draft.ttt", "TTTResult": "eagle3.draft.ttt",
     "sim_accept_len": "eagle3.draft.ttt", "metrics_from_sums": "eagle3.draft.ttt",
-    "DEFAULT_TTT_LENGTH": "eagle3.draft.ttt",
+    "DEFAULT_TTT_LENGTH": "eagle3.draft.config",
 }
 
 __all__ = ["DraftConfig", *_LAZY]

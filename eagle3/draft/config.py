@@ -18,6 +18,9 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 # (vLLM's `fc_norm`) and feeds the post-norm hidden to the next step (vLLM's `norm_output`).
 DRAFT_VARIANTS = ("eagle3", "eagle3.1")
 DEFAULT_DRAFT_VARIANT = "eagle3"
+# Training-time test (eagle3/draft/ttt.py): the chain length trained, and step i's loss weight DEFAULT_STEP_DECAY ** i.
+DEFAULT_TTT_LENGTH = 7
+DEFAULT_STEP_DECAY = 0.8
 
 
 @dataclass(frozen=True)

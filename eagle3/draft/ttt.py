@@ -33,11 +33,10 @@ from torch.utils.checkpoint import checkpoint
 from eagle3.acceptance import simulated_acceptance_length as sim_accept_len  # one definition
 
 from eagle3.draft.attention import sample_starts, window_starts
+from eagle3.draft.config import DEFAULT_STEP_DECAY, DEFAULT_TTT_LENGTH
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.sequence import SeqShard, single
 
-DEFAULT_TTT_LENGTH = 7
-DEFAULT_STEP_DECAY = 0.8  # step i's loss weight is 0.8 ** i
 ATTENTIONS = ("blockwise", "dense")  # eagle3/draft/attention.py (O(T) memory), or the T x T reference
 
 

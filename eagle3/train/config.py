@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from eagle3 import storage_options
 from eagle3.config import DEFAULT_SEED
 from eagle3.devices import check_device, check_precision
-from eagle3.draft.config import DEFAULT_DRAFT_VARIANT, DRAFT_VARIANTS
+from eagle3.draft.config import DEFAULT_DRAFT_VARIANT, DEFAULT_TTT_LENGTH, DRAFT_VARIANTS
 from eagle3.extract.config import ENGINES
 from eagle3.errors import InputError
 
@@ -41,7 +41,7 @@ class TrainConfig:
     """Stop after this many optimizer steps in total (0: run all epochs)."""
     epochs: int = 1
     """Passes over the training split."""
-    ttt_length: int = 7
+    ttt_length: int = DEFAULT_TTT_LENGTH
     """Training-time-test steps (the draft's chain length during training)."""
     lr: float = 3e-4
     """Peak learning rate of the cosine schedule."""

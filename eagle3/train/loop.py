@@ -242,7 +242,8 @@ class Trainer:
         return m
 
     def _metrics(self, sums: torch.Tensor, loss: float | None) -> dict:
-        from eagle3.draft.ttt import DEFAULT_STEP_DECAY, metrics_from_sums
+        from eagle3.draft.config import DEFAULT_STEP_DECAY
+        from eagle3.draft.ttt import metrics_from_sums
 
         s = self.cfg.ttt_length
         m = metrics_from_sums(float(sums[0]) if loss is None else loss, sums[1:1 + s], sums[1 + s:1 + 2 * s],

@@ -62,6 +62,8 @@ OWNERS = {
     "store_key": "eagle3/extract/store_format.py", "read_indexes": "eagle3/extract/store_format.py",
     "resolve_store_dir": "eagle3/extract/store_format.py", "is_index_name": "eagle3/extract/store_format.py",
     "IDENTITY": "eagle3/extract/store_format.py",
+    # the TTT defaults, torch-free (train's config and the trainer import them, not eagle3.draft.ttt)
+    "DEFAULT_TTT_LENGTH": "eagle3/draft/config.py", "DEFAULT_STEP_DECAY": "eagle3/draft/config.py",
 }
 RETIRED = ("sample_id", "_free_port", "_stats_with_table", "_publish_and_say", "_evaluate_and_say", "stage_cli")
 
@@ -86,7 +88,8 @@ def test_retired_copies_stay_gone():
     (r"(?m)^[^#\n]*\b0\.8 \*\*", None),
     (r":,\.4g\}", "eagle3/report/summary.py"),  # 4 significant digits: the one number formatter
     (r"""f?["'](index|shard|adapt)-(\{|["'])""", "eagle3/extract/store_format.py"),  # the store's file names
-    (r"""["']store\.json["']""", "eagle3/extract/store_format.py"),  # the TTT step decay is DEFAULT_STEP_DECAY
+    (r"""["']store\.json["']""", "eagle3/extract/store_format.py"),  # the store's identity file
+    (r"ttt_length: int = \d", None),  # the TTT length default is DEFAULT_TTT_LENGTH
 ])
 def test_a_formula_is_written_once(pattern, owner):
     places = [str(p.relative_to(REPO)) for p in _files(CODE) if re.search(pattern, p.read_text())]
