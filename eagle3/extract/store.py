@@ -279,6 +279,12 @@ class HiddenStateStore:
         a, b = offsets[i], offsets[i + 1]
         return {k: f.get_slice(k)[a:b] for k in f.keys() if k != "offsets"}
 
+    def get_tensor(self, sample_id: str, name: str):
+        """One stored tensor of one sample, undecoded, without reading the others (e.g. ``loss_mask``)."""
+        shard, i = self._locate(sample_id)
+        f, offsets = self._handle(shard)
+        return f.get_slice(name)[offsets[i]: offsets[i + 1]]
+
     def get(self, sample_id: str) -> dict:
         """One sample: ``aux``, ``input_ids``, ``loss_mask`` and ``last`` or ``topk_ids``/``topk_logprobs``."""
         raw = self.get_raw(sample_id)

@@ -112,8 +112,8 @@ def collate(store, ids: list[str], device="cpu") -> dict:
     """
     import torch
 
-    # an online source (eagle3.train.online) computes the samples it lacks in one target forward
-    samples = store.get_many(ids) if hasattr(store, "get_many") else [store.get(s) for s in ids]
+    # a SampleSource (eagle3.train.source); online, one target forward computes the samples the store lacks
+    samples = store.get_many(ids)
     lens = [int(s["input_ids"].shape[0]) for s in samples]
     B, T = len(samples), max(lens)
     out = {}

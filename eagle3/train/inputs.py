@@ -18,6 +18,7 @@ from eagle3.errors import InputError
 from eagle3.extract.store_format import STORE_JSON, store_key
 from eagle3.train import data
 from eagle3.train.config import TrainConfig
+from eagle3.train.source import SampleSource, StoreSource
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class TrainInputs:
     cfg: TrainConfig
-    store: object  # eagle3.extract.store.HiddenStateStore
+    source: SampleSource  # the store (offline) or the target online
     target_dir: str
     draft_config: DraftConfig
     d2t: torch.Tensor
@@ -36,11 +37,7 @@ class TrainInputs:
 
     def loss_mask(self, sample_id: str) -> torch.Tensor:
         """One sample's loss_mask read alone (not its hidden states): the loss denominators need only this."""
-        if hasattr(self.store, "loss_mask"):  # online: from the merged dataset
-            return self.store.loss_mask(sample_id)
-        shard, i = self.store._locate(sample_id)  # noqa: SLF001 - no public per-tensor reader yet
-        f, offsets = self.store._handle(shard)  # noqa: SLF001
-        return f.get_slice("loss_mask")[offsets[i]: offsets[i + 1]]
+        return self.source.loss_mask(sample_id)
 
     def fresh_draft(self):
         from eagle3.draft import build_draft
@@ -63,7 +60,7 @@ class TrainInputs:
         from eagle3.draft import load_target_head
         from eagle3.storage_options import option
 
-        if option(self.store.storage).target != "last":
+        if option(self.source.storage).target != "last":
             return None
         return load_target_head(self.target_dir).to(device)
 
@@ -96,7 +93,7 @@ def load_inputs(cfg: TrainConfig, device: str = "cpu") -> TrainInputs:
 
         store = open_source(cfg, device)
     else:
-        store = HiddenStateStore(cfg.store, _store_key(cfg))
+        store = StoreSource(HiddenStateStore(cfg.store, _store_key(cfg)))
     d2t, t2d = load_vocab(cfg.vocab)
     name = cfg.model or store.info.get("model_name")
     if not name:

@@ -47,8 +47,7 @@ def train(cfg: TrainConfig) -> dict:
         try:
             return Trainer(cfg, inputs, dist).run()
         finally:  # online: stops the target's server and the prefetch thread
-            if hasattr(inputs.store, "close"):
-                inputs.store.close()
+            inputs.source.close()
     finally:
         dist.close()
 
@@ -116,7 +115,7 @@ class Trainer:
     # -- one micro-batch --------------------------------------------------------
     def _micro(self, ids: list[str], denominators: torch.Tensor, grad: bool):
         maybe_inject(data.padded_tokens(ids, self.lengths))
-        batch = data.collate(self.inp.store, ids, self.device)
+        batch = data.collate(self.inp.source, ids, self.device)
         shard = None
         if self.seq_parallel:  # the soft labels of this process's window only (the cache keys whole rows)
             shard = SeqShard(self.dist.rank, self.dist.world, batch["input_ids"].shape[1])
@@ -144,8 +143,7 @@ class Trainer:
         sums = torch.zeros(1 + 3 * s, dtype=torch.float64)
         try:
             mbs = list(data.micro_batches(ids, self.lengths, self.micro))
-            if hasattr(self.inp.store, "schedule"):
-                self.inp.store.schedule(mbs + list(data.micro_batches(list(ahead), self.lengths, self.micro)))
+            self.inp.source.schedule(mbs + list(data.micro_batches(list(ahead), self.lengths, self.micro)))
             for mb in mbs:
                 res = self._micro(mb, denominators, grad)
                 sums += torch.cat([res.loss.detach().reshape(1).double().cpu(), res.loss_sums.double().cpu(),
@@ -340,7 +338,7 @@ class Trainer:
     # -- online mode (eagle3.train.online) -------------------------------------------------
     def _next_slice(self) -> list[str]:
         """This rank's samples of the step after the current one (in this epoch), for an online prefetch."""
-        if not hasattr(self.inp.store, "schedule") or self.step + 1 >= self.total_steps:
+        if self.step + 1 >= self.total_steps:
             return []
         batches = self.plan(self.pos.epoch)
         if self.pos.index + 1 >= len(batches):
@@ -349,10 +347,8 @@ class Trainer:
 
     def _mode(self) -> dict:
         """"mode" for the metrics and the summary; online runs add what the target computed so far."""
-        if not hasattr(self.inp.store, "stats"):
-            return {"mode": "offline"}
-        return {"mode": "online", "online": self.inp.store.stats()}
+        stats = self.inp.source.stats()
+        return {"mode": self.inp.source.mode, **({"online": stats} if stats is not None else {})}
 
     def _flush_online(self) -> None:
-        if hasattr(self.inp.store, "flush"):
-            self.inp.store.flush()
+        self.inp.source.flush()

@@ -42,7 +42,10 @@ SHARD_TOKENS = 1 << 20
 
 
 class OnlineSource:
-    """The samples of a merged dataset, served from the store where present and from the target otherwise."""
+    """The samples of a merged dataset, served from the store where present and from the target otherwise
+    (an `eagle3.train.source.SampleSource`)."""
+
+    mode = "online"
 
     def __init__(self, capture, storage: str, samples: dict, tokens, store_root: str | None, stored=None,
                  writer=None, model_name: str | None = None, model_fp: str | None = None,
@@ -61,7 +64,7 @@ class OnlineSource:
                        "samples_written_back": 0, "target_seconds": 0.0,
                        "wait_seconds": 0.0, "prefetched_batches": 0}
 
-    # -- what the trainer reads (HiddenStateStore's interface) ---------------------
+    # -- what the trainer reads (SampleSource) ------------------------------------
     def __len__(self) -> int:
         return len(self._samples)
 

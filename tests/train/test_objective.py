@@ -19,7 +19,7 @@ def _tiny_draft(v=50, vd=50, h=16):
 
 
 class _Store:
-    """In-memory stand-in for HiddenStateStore.get (the loop tests use the real store)."""
+    """In-memory stand-in for a SampleSource's get_many (the loop tests use the real store)."""
 
     def __init__(self, lengths, h=16, v=50):
         g = torch.Generator().manual_seed(1)
@@ -32,6 +32,9 @@ class _Store:
 
     def get(self, sid):
         return self.samples[sid]
+
+    def get_many(self, ids):
+        return [self.samples[s] for s in ids]
 
 
 def _grads(draft, store, lengths, micro_tokens, ttt_length=3):
