@@ -174,6 +174,12 @@ PROBE_MIN_SPEEDUP = 1.5
 """On a CPU whose flags promise a bf16 unit, bf16 is chosen only if its torch.mm runs this much faster than
 fp32 (a torch build without the oneDNN bf16 kernels would otherwise take the ~100x slower path)."""
 _PROBE_N = 512  # the policy's probe: ~3 ms in fp32 on 2 cores; well under a second even on the slow path
+WORKLOADS = ("matmul", "decode")
+"""What a stage mostly runs, and so what the CPU probe measures: "matmul" (batched forwards: extraction, training,
+batched regeneration) a 512^3 torch.mm; "decode" (the project decoder: one-token steps and (k+1)-token
+verifications of one sequence) linear layers of 1 and 4 rows, where a bf16 matrix engine's tiles sit mostly idle
+(measured 2026-12-02 on a 2-core AMX machine: a 1-row 576->1536 linear ran 2x slower in bf16 than in fp32)."""
+_DECODE_ROWS, _DECODE_WIDTH = (1, 4), 1024
 
 
 def check_precision(name: str, where: str = "precision") -> str:
@@ -240,9 +246,9 @@ def _cpu_model() -> str:
     return "unknown"
 
 
-def cpu_precision(flags: frozenset[str], probe=None) -> tuple[str, str]:
-    """(precision, reason) on a CPU with ``flags``; ``probe()`` returns {dtype: torch.mm GFLOP/s} (None: trust
-    the flags). Pure, so tests can put any machine through it."""
+def cpu_precision(flags: frozenset[str], probe=None, workload: str = "matmul") -> tuple[str, str]:
+    """(precision, reason) on a CPU with ``flags``; ``probe()`` returns {dtype: GFLOP/s} of the ``workload``'s
+    probe (None: trust the flags). Pure, so tests can put any machine through it."""
     units = [f for f in BF16_CPU_FLAGS if f in flags]
     if not units:
         return "float32", "CPU has no bf16 matrix engine (no amx_bf16/avx512_bf16 flag)"
@@ -250,28 +256,52 @@ def cpu_precision(flags: frozenset[str], probe=None) -> tuple[str, str]:
         return "bfloat16", f"CPU flags {', '.join(units)}"
     peaks = probe()
     speedup = peaks["bfloat16"] / max(peaks["float32"], 1e-9)
-    figures = f"torch.mm bf16 {peaks['bfloat16']:.0f} vs fp32 {peaks['float32']:.0f} GFLOP/s"
+    what = "torch.mm" if workload == "matmul" else f"decode-shaped linear ({'/'.join(map(str, _DECODE_ROWS))} rows)"
+    figures = f"{what} bf16 {peaks['bfloat16']:.0f} vs fp32 {peaks['float32']:.0f} GFLOP/s"
     if speedup >= PROBE_MIN_SPEEDUP:
         return "bfloat16", f"CPU flags {', '.join(units)}; {figures}"
     return "float32", (f"CPU flags {', '.join(units)} but {figures} (bf16 must be >= {PROBE_MIN_SPEEDUP}x "
                        "faster)")
 
 
-def _cached_cpu_probe() -> dict[str, float]:
-    """{float32, bfloat16: GFLOP/s} of a 512^3 torch.mm, measured once per machine, torch and thread count
-    (cached in the eagle3 cache dir)."""
+def decode_rate(dtype: str, rows=_DECODE_ROWS, width: int = _DECODE_WIDTH, min_s: float = 0.05) -> float:
+    """GFLOP/s by CPU time of [r, width] x [width, width] linears, r over ``rows``, in ``dtype`` (the time of
+    each row count weighted equally: one-token steps and verifications alternate in a decode)."""
+    import torch
+
+    dt = getattr(torch, dtype)
+    w = torch.randn(width, width).to(dt)
+    flops = seconds = 0.0
+    for r in rows:
+        x = torch.randn(r, width).to(dt)
+        torch.nn.functional.linear(x, w)  # first call: oneDNN's kernel set-up
+        n, c0 = 0, time.process_time()
+        while time.process_time() - c0 < min_s:
+            torch.nn.functional.linear(x, w)
+            n += 1
+        per_call = (time.process_time() - c0) / n
+        flops, seconds = flops + 2 * r * width * width, seconds + per_call
+    return flops / max(seconds, 1e-12) / 1e9
+
+
+def _cached_cpu_probe(workload: str = "matmul") -> dict[str, float]:
+    """{float32, bfloat16: GFLOP/s} of the workload's probe (a 512^3 torch.mm, or `decode_rate`), measured
+    once per machine, torch, thread count and workload (cached in the eagle3 cache dir)."""
     import torch
 
     from eagle3.storage import cache_dir
 
     key = f"{_cpu_model()}|{torch.__version__}|{torch.get_num_threads()} threads"
+    if workload != "matmul":
+        key += f"|{workload}"
     path = cache_dir() / "precision-probe.json"
     try:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         cache = {}
     if key not in cache:
-        cache[key] = {d: round(mm_peak(d, max_n=_PROBE_N).gflops_cpu, 1) for d in ("float32", "bfloat16")}
+        rate = (lambda d: mm_peak(d, max_n=_PROBE_N).gflops_cpu) if workload == "matmul" else decode_rate
+        cache[key] = {d: round(rate(d), 1) for d in ("float32", "bfloat16")}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -282,12 +312,15 @@ def _cached_cpu_probe() -> dict[str, float]:
     return cache[key]
 
 
-def resolve_precision(requested: str = "auto", device: str = "cpu") -> Precision:
+def resolve_precision(requested: str = "auto", device: str = "cpu", workload: str = "matmul") -> Precision:
     """The compute precision of a stage running on ``device`` (a resolved device: cpu, cuda or cuda:<i>).
 
     An explicit float32/bfloat16 wins; "auto" is $EAGLE3_PRECISION when set, else bf16 on CUDA sm80+ and on
-    CPUs with a bf16 matrix engine (flags, then the cached probe unless $EAGLE3_PRECISION_PROBE=0), else fp32.
+    CPUs with a bf16 matrix engine (flags, then the cached probe of ``workload`` (`WORKLOADS`) unless
+    $EAGLE3_PRECISION_PROBE=0), else fp32.
     """
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload {workload!r} is not one of {', '.join(WORKLOADS)}")
     check_precision(requested)
     if requested != "auto":
         return Precision(requested, requested, "set in the stage config")
@@ -301,8 +334,8 @@ def resolve_precision(requested: str = "auto", device: str = "cpu") -> Precision
         cap = torch.cuda.get_device_capability(torch.device(device))
         name = "bfloat16" if tuple(cap) >= CUDA_BF16_CAPABILITY else "float32"
         return Precision(name, requested, f"CUDA capability sm{cap[0]}{cap[1]} (bf16 from sm80)")
-    probe = None if os.environ.get(PROBE_ENV, "1").strip() == "0" else _cached_cpu_probe
-    name, reason = cpu_precision(cpu_flags(), probe)
+    probe = None if os.environ.get(PROBE_ENV, "1").strip() == "0" else (lambda: _cached_cpu_probe(workload))
+    name, reason = cpu_precision(cpu_flags(), probe, workload)
     return Precision(name, requested, reason)
 
 

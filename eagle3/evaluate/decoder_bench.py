@@ -112,7 +112,7 @@ def measure(cfg: EvaluateConfig) -> dict[str, Any]:
 
     prompt_sets = load_prompt_sets(cfg.prompts, cfg.limit)
     device = resolve_device(cfg.device)
-    precision = resolve_precision(cfg.precision, device)
+    precision = resolve_precision(cfg.precision, device, workload="decode")  # batch-1 steps, not big GEMMs
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)

@@ -156,7 +156,7 @@ class VLLMBenchmark:
         target_dir = target_mod.resolve_model(cfg.model)
         tokenizer = target_mod.load_tokenizer(target_dir)
         device = resolve_device(cfg.device)
-        precision = resolve_precision(cfg.precision, device)
+        precision = resolve_precision(cfg.precision, device, workload="decode")  # one prompt at a time
         names = [(name, p) for name, ps in sets.items() for p in ps]
         ids = [encode_prompt(tokenizer, p) for _, p in names]
         base = self.run_phase("baseline", self.server("baseline", target_dir, precision.name), ids)

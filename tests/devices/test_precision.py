@@ -46,6 +46,34 @@ def test_fp32_without_a_bf16_matrix_engine_bf16_with_one_confirmed_by_the_probe(
     assert cpu_precision(frozenset({"avx512_bf16"}), None) == ("bfloat16", "CPU flags avx512_bf16")
 
 
+def test_decoding_is_probed_at_its_own_shape():
+    """A bf16 engine that wins the big torch.mm but loses 1- and 4-row linears (the 2026-12-02 AMX machine):
+    batched stages get bf16, the project decoder fp32, each with the figures that decided it."""
+    flags = cpu_flags(CPUINFO_AMX)
+    mm = lambda: {"float32": 45.0, "bfloat16": 334.0}  # noqa: E731
+    decode = lambda: {"float32": 12.1, "bfloat16": 5.1}  # noqa: E731
+    assert cpu_precision(flags, mm, "matmul")[0] == "bfloat16"
+    name, reason = cpu_precision(flags, decode, "decode")
+    assert name == "float32" and "decode-shaped linear (1/4 rows) bf16 5 vs fp32 12" in reason
+    with pytest.raises(ValueError, match="workload 'gemv'"):
+        resolve_precision("auto", "cpu", workload="gemv")
+
+
+def test_the_decode_probe_is_cached_apart_from_the_matmul_probe(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path))
+    monkeypatch.setattr(devices, "mm_peak", lambda d, **_: devices.MatmulPeak(d, "cpu", 512, 1.0, 100.0))
+    monkeypatch.setattr(devices, "decode_rate", lambda d, **_: {"float32": 12.0, "bfloat16": 5.0}[d])
+    assert devices._cached_cpu_probe("decode") == {"float32": 12.0, "bfloat16": 5.0}
+    assert devices._cached_cpu_probe() == {"float32": 100.0, "bfloat16": 100.0}
+    keys = sorted(json.loads((tmp_path / "precision-probe.json").read_text()))
+    assert len(keys) == 2 and keys[1].endswith("|decode")
+
+
+def test_decode_rate_measures_both_dtypes():
+    assert devices.decode_rate("float32", rows=(1,), width=128, min_s=0.01) > 0
+    assert devices.decode_rate("bfloat16", rows=(1, 4), width=128, min_s=0.01) > 0
+
+
 def test_this_machine_gets_what_its_flags_say(monkeypatch):
     """Done-when for an AVX2-only machine: auto picks fp32 (and runs no probe)."""
     got = resolve_precision("auto", "cpu")

@@ -72,7 +72,7 @@ def test_both_decodes_run_at_one_named_precision(tiny_llama_dir, tiny_draft, pro
                              limit=2, max_new_tokens=12, device="cpu", precision=precision)
         summary = evaluate(cfg)
         report = json.loads((tmp_path / precision / "report.json").read_text())
-        want = resolve_precision(precision, "cpu")
+        want = resolve_precision(precision, "cpu", workload="decode")  # the policy's choice for batch-1 decoding
         assert report["precision"] == summary["precision"] == want.to_dict()
         assert report["dtype"] == want.name and report["lossless"] is True
 
