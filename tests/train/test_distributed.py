@@ -20,18 +20,24 @@ from tests.train.test_loop import cfg_for, losses
 STEPS = 6
 
 
-def test_two_gloo_ranks_match_one_process(tiny_store, tmp_path):
-    torch.set_num_threads(1)
-    out = tmp_path / "ddp"
+def _torchrun_train(tiny_store, out, grad_accum: int, *extra: str) -> subprocess.CompletedProcess:
+    """`eagle3 train` on 2 gloo ranks through torchrun; asserts it exits 0."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "eagle3", "train",
            "--store", tiny_store["store"], "--vocab", tiny_store["vocab"], "--out", str(out),
-           "--ttt-length", "3", "--token-budget", "64", "--grad-accum", "1", "--lr", "3e-3",
+           "--ttt-length", "3", "--token-budget", "64", "--grad-accum", str(grad_accum), "--lr", "3e-3",
            "--max-steps", str(STEPS), "--log-every", "1", "--save-every", "3", "--eval-every", "3",
-           "--init", "random", "--device", "cpu"]
+           "--init", "random", "--device", "cpu", *extra]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_two_gloo_ranks_match_one_process(tiny_store, tmp_path):
+    torch.set_num_threads(1)
+    out = tmp_path / "ddp"
+    proc = _torchrun_train(tiny_store, out, 1)
     summary = json.loads(proc.stdout[proc.stdout.index("{"):])  # rank 0 only prints it
     assert summary["world_size"] == 2 and proc.stdout.count('"world_size"') == 1
 
@@ -71,15 +77,7 @@ def test_sequence_parallel_ranks_match_one_process(tiny_store, tmp_path):
     loss curve, the held-out figures and the trained-position counts equal one process's with the same batch."""
     torch.set_num_threads(1)
     out = tmp_path / "sp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "eagle3", "train",
-           "--store", tiny_store["store"], "--vocab", tiny_store["vocab"], "--out", str(out),
-           "--ttt-length", "3", "--token-budget", "64", "--grad-accum", "2", "--lr", "3e-3",
-           "--max-steps", str(STEPS), "--log-every", "1", "--save-every", "3", "--eval-every", "3",
-           "--init", "random", "--device", "cpu", "--sequence-parallel", "--precision", "float32"]
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _torchrun_train(tiny_store, out, 2, "--sequence-parallel", "--precision", "float32")
     ref = tmp_path / "one"
     # fp32 both: in bf16 the ranks' shorter matmuls round differently from one process's
     train(cfg_for(tiny_store, ref, token_budget=64, grad_accum=2, max_steps=STEPS, eval_every=3, save_every=3,
