@@ -52,7 +52,7 @@ def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, starts: t
     q [B,nh,Tq,hd]; k0/v0 [B,nkv,T,hd] (nh a multiple of nkv); starts [B,Tq] int
     (`sample_starts`: key index where each query row's sample begins); each diag key/value
     [B,nkv,Tq,hd] pairs only with its own row. Query row r sits at key position r + ``q_offset``
-    (a sequence-parallel rank's slice of the rows, eagle3/train/sequence.py; 0: Tq = T).
+    (a sequence-parallel rank's slice of the rows, eagle3/draft/sequence.py; 0: Tq = T).
     """
     block = block or DEFAULT_BLOCK
     if len(diag_keys) != len(diag_values):
