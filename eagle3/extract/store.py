@@ -239,12 +239,19 @@ class HiddenStateStore:
             out[e.get("precision")] = out.get(e.get("precision"), 0) + int(e["tokens"])
         return out
 
-    def engines(self) -> dict[str, int]:
-        """{engine name: stored tokens} over the shards (None: written before the index recorded it)."""
+    def engines(self, sample_ids=None) -> dict[str, int]:
+        """{engine name: stored tokens} over the shards, or over ``sample_ids`` alone (None: written before the
+        index recorded it)."""
         out: dict = {}
-        for e in self.shards.values():
-            name = (e.get("engine") or {}).get("name")
-            out[name] = out.get(name, 0) + int(e["tokens"])
+        if sample_ids is None:
+            for e in self.shards.values():
+                name = (e.get("engine") or {}).get("name")
+                out[name] = out.get(name, 0) + int(e["tokens"])
+            return out
+        for sid in sample_ids:
+            shard, i = self._locate(sid)
+            name = (self.shards[shard].get("engine") or {}).get("name")
+            out[name] = out.get(name, 0) + int(self.shards[shard]["sample_tokens"][i])
         return out
 
     def total_tokens(self) -> int:

@@ -333,6 +333,8 @@ class Trainer:
             "epoch": self.pos.epoch, "precision": self.precision.to_dict(),
             "budget": self.budget.to_dict() if self.budget is not None else None,
             "metrics": self.metrics.uri, **self._mode(),
+            # what ran the target for the trained samples (a draft on vLLM's states vs on transformers')
+            "engines": self.inp.source.engines(self.inp.train_ids),
         }
 
     # -- online mode (eagle3.train.online) -------------------------------------------------

@@ -181,6 +181,16 @@ class OnlineSource:
                 "server_start_s": getattr(self.capture, "start_s", None),  # part of the first wait
                 "engine": (self.engine or {}).get("name")}
 
+    def engines(self, sample_ids: list[str]) -> dict[str, int]:
+        stored = [s for s in sample_ids if self.stored is not None and s in self.stored]
+        out = self.stored.engines(stored) if stored else {}
+        held = set(stored)
+        computed = [s for s in sample_ids if s not in held]
+        if computed:
+            name = (self.engine or {}).get("name")
+            out[name] = out.get(name, 0) + sum(self.num_tokens(s) for s in computed)
+        return out
+
     def _sample(self, sample_id: str):
         try:
             return self._samples[sample_id]

@@ -47,6 +47,10 @@ class SampleSource(Protocol):
     def stats(self) -> dict | None:
         """What the source computed so far (online), or None."""
 
+    def engines(self, sample_ids: list[str]) -> dict[str, int]:
+        """{engine name: tokens} of what ran the target for these samples (the store's shards, or online the
+        source's own engine for the samples it computes)."""
+
 
 class StoreSource:
     """A hidden-state store as a SampleSource: nothing to compute ahead, write or stop."""
@@ -87,3 +91,6 @@ class StoreSource:
 
     def stats(self) -> dict | None:
         return None
+
+    def engines(self, sample_ids: list[str]) -> dict[str, int]:
+        return self.store.engines(sample_ids)
