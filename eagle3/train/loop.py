@@ -84,8 +84,9 @@ class Trainer:
         self.plans: dict[int, list[list[str]]] = {}
         self.total_steps = self._total_steps()
         # A time budget fixes total_steps after the first steps (eagle3/train/budget.py); a resumed run keeps
-        # what its checkpoint fixed.
-        self.budget = TimeBudget.start(cfg, self.total_steps) if self.ckpt is None else \
+        # what its checkpoint fixed. Its warm-up follows the plan, not max_steps, so a run capped at the
+        # steps another budget run fixed has that run's schedule.
+        self.budget = TimeBudget.start(cfg, self._total_steps(capped=False)) if self.ckpt is None else \
             TimeBudget.resume(self.ckpt.state, cfg)
         if self.budget is not None and self.budget.fixed:
             self.total_steps = self.budget.total_steps
@@ -108,9 +109,9 @@ class Trainer:
                                                     self.cfg.seed, epoch)
         return self.plans[epoch]
 
-    def _total_steps(self) -> int:
+    def _total_steps(self, capped: bool = True) -> int:
         total = sum(len(self.plan(e)) for e in range(self.cfg.epochs))
-        return min(total, self.cfg.max_steps) if self.cfg.max_steps else total
+        return min(total, self.cfg.max_steps) if self.cfg.max_steps and capped else total
 
     # -- one micro-batch --------------------------------------------------------
     def _micro(self, ids: list[str], denominators: torch.Tensor, grad: bool):

@@ -63,9 +63,9 @@ class _Clock:
         return self.now
 
 
-def _budget_run(monkeypatch, tiny_store, out, dt: float, **kw):
+def _budget_run(monkeypatch, tiny_store, out, dt: float, budget: float = 10.0, **kw):
     monkeypatch.setattr(loop, "time", types.SimpleNamespace(monotonic=_Clock(dt).monotonic))
-    return loop.train(cfg_for(tiny_store, out, token_budget=64, train_time_budget=10.0, epochs=1, **kw))
+    return loop.train(cfg_for(tiny_store, out, token_budget=64, train_time_budget=budget, epochs=1, **kw))
 
 
 def test_a_faster_machine_trains_more_steps_in_the_same_budget(monkeypatch, tiny_store, tmp_path):
@@ -95,6 +95,20 @@ def test_max_steps_caps_a_budget_run_also_while_it_times(monkeypatch, tiny_store
     assert got["steps"] == got["total_steps"] == cap and got["budget"]["fixed"]
     assert [r["step"] for r in read_metrics(str(tmp_path / f"cap{cap}" / "metrics.jsonl"), "train")] == \
         list(range(1, cap + 1))
+
+
+def test_max_steps_at_another_runs_fixed_count_gives_its_schedule(monkeypatch, tiny_store, tmp_path):
+    """The demo's engine comparison trains a second draft for the first one's step count under a budget that
+    does not bind: same warm-up, same total, hence the same learning rates and the same loss curve."""
+    torch.set_num_threads(1)
+    ref = _budget_run(monkeypatch, tiny_store, tmp_path / "ref", dt=0.125)
+    assert BUDGET_PROBE_STEPS + 2 < ref["steps"] < ref["budget"]["warmup"] * 50
+    again = _budget_run(monkeypatch, tiny_store, tmp_path / "again", dt=0.5, budget=1e6, max_steps=ref["steps"])
+    assert again["steps"] == ref["steps"] and again["budget"]["warmup"] == ref["budget"]["warmup"]
+    lrs = [[r["lr"] for r in read_metrics(str(tmp_path / d / "metrics.jsonl"), "train")] for d in ("ref", "again")]
+    assert lrs[0] == lrs[1]
+    torch.testing.assert_close(torch.tensor(losses(tmp_path / "again")), torch.tensor(losses(tmp_path / "ref")),
+                               rtol=1e-4, atol=1e-6)
 
 
 def test_a_resumed_budget_run_keeps_the_fixed_steps_and_the_curve(monkeypatch, tiny_store, tmp_path):
