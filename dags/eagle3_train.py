@@ -119,6 +119,8 @@ PARAMS = form_params({
     "regenerate_max_tokens": config_param(RegenerateConfig, "max_tokens", minimum=1, title="Regeneration max tokens"),
     "regenerate_concurrency": config_param(RegenerateConfig, "concurrency", minimum=1, maximum=1024,
                                            title="Regeneration concurrency"),
+    "regenerate_tasks": config_param(DiscoverConfig, "regenerate_tasks", minimum=0, maximum=1024,
+                                     title="Regeneration tasks"),
     "draft_vocab_size": config_param(VocabConfig, "draft_vocab_size", minimum=16, title="Draft vocab size"),
     "aux_layers": Param(None, type=["null", "string"], pattern=r"^\s*\d+\s*,\s*\d+\s*,\s*\d+\s*$",
                         title="Aux layers",
@@ -209,7 +211,8 @@ def eagle3_train():
     with TaskGroup("discover", tooltip="eagle3.discover: the manifest's datasets and the extraction shards"):
         plan = Eagle3StageOperator(
             task_id="plan", stage="discover", **common,
-            config={"manifest": "{{ params.manifest }}", "root": ROOT, "extract_shards": "{{ params.extract_shards }}"})
+            config={"manifest": "{{ params.manifest }}", "root": ROOT, "extract_shards": "{{ params.extract_shards }}",
+                    "regenerate_tasks": "{{ params.regenerate_tasks }}"})
 
         # Mapped tasks expand over a whole XCom value, never over one key of it: one list each.
         @task(task_id="regenerate")
@@ -227,9 +230,10 @@ def eagle3_train():
         to_regenerate, to_tokenize, to_extract = (f(plan.output) for f in (regenerate_list, tokenize_list,
                                                                               extract_list))
 
-    # The target answers (in-process, or a vLLM/SGLang server the task starts): one GPU slot per dataset.
+    # The target answers (in-process, or a vLLM/SGLang server the task starts): one GPU slot per task, each
+    # task one or more datasets (regenerate_tasks).
     regenerate = RegenerateOperator.partial(
-        task_id="regenerate", map_index_template="{{ task.mapped.datasets[0] }}", **GPU, **common,
+        task_id="regenerate", map_index_template="{{ task.mapped.datasets | join(',') }}", **GPU, **common,
         config={"manifest": "{{ params.manifest }}", "out": layout.regenerated(ROOT), "model": "{{ params.model }}",
                 "backend": "{{ params.regenerate_backend }}", "server": "{{ params.regenerate_server }}",
                 "max_tokens": "{{ params.regenerate_max_tokens }}", "restart": "{{ params.regenerate_restart }}",

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python demo/run_demo.py` from a fresh shell, as the Makefile runs it
     sys.path.insert(0, str(REPO))
 
+from bench.paired_bench import VARIES, paired  # noqa: E402
 from eagle3.demo import settings  # noqa: E402 (after the path)
 
 DAG_ID = "eagle3_train"
@@ -45,7 +46,17 @@ def main() -> int:
                     help="target: an alias of eagle3.target.ALIASES (smollm2-135m-instruct, gemma3-270m) or a "
                          "model directory; the DAG's `model` param (regenerate, tokenize, extract, train, evaluate)")
     ap.add_argument("--data-only", action="store_true", help="write the demo corpus (if missing) and stop")
+    ap.add_argument("--compare", default=",".join(settings.COMPARE),
+                    help="after the run, train its draft again with one setting changed for the same steps and "
+                         "pair both in vLLM (bench/paired_bench.py): a comma-separated list of "
+                         f"{', '.join(VARIES)}; target_engine is added when the conf sets a non-default engine")
     args = ap.parse_args()
+    compare = [v.strip() for v in args.compare.split(",") if v.strip()]
+    if json.loads(args.conf).get("target_engine", "transformers") != "transformers" and "target_engine" not in compare:
+        compare.append("target_engine")  # a non-default engine is reported next to the default one's
+    wrong = [v for v in compare if v not in VARIES]
+    if wrong:
+        ap.error(f"--compare {','.join(wrong)}: choose from {', '.join(VARIES)}")
 
     artifacts = Path(args.artifacts).resolve()
     env = {**os.environ, "EAGLE3_ARTIFACTS": str(artifacts),
@@ -88,6 +99,15 @@ def main() -> int:
         print(f"\n=== demo finished in {minutes:.1f} min: every task succeeded or was skipped ===")
     if run_dir:
         summarize(run_dir)
+    if run_dir and compare and not (failed or code):
+        try:
+            for vary in compare:
+                print(f"\n--- paired comparison: {vary} (bench/paired_bench.py) ---", flush=True)
+                paired(str(run_dir), vary, say=lambda line: print(line, flush=True))
+        except SystemExit as e:  # a stage of the comparison failed: the demo did not do what it said
+            print(f"paired comparison failed: {e}")
+            return 1
+        print(f"demo with comparisons: {(time.time() - t0) / 60:.1f} min in all")
     return 1 if failed or code else 0
 
 

@@ -34,12 +34,16 @@ PARAMS: dict = {
     "regenerate_server": "vllm",  # each regenerate task serves SmolLM2 in vLLM: 182 vs 58 tok/s of hf here
     "regenerate_max_tokens": 128,
     "regenerate_concurrency": 48,
+    "regenerate_tasks": 1,  # one vLLM server for the four regenerated datasets (a start costs ~30 s here)
 }
 
 SCALE = 0.15
 """Demo corpus size multiplier (`eagle3 demo-data --scale`)."""
 REGENERATED = ("coding", "code_completion", "chat", "instructions")
 """Datasets whose answers SmolLM2 regenerates before tokenizing (so the draft learns its own code and prose)."""
+COMPARE: tuple[str, ...] = ()
+"""Settings the demo varies after its run, each a second draft trained for the same steps and paired with the
+first in vLLM (bench/paired_bench.py VARIES; `make demo DEMO_ARGS='--compare draft_variant'`)."""
 FOLDER = "demo"
 """The corpus folder under the storage root: <root>/demo/manifest.yaml is the DAG's default manifest."""
 MANIFEST = "manifest.yaml"

@@ -73,7 +73,7 @@ def load_vocab(uri: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(d2t), torch.from_numpy(t2d)
 
 
-def _store_key(cfg: TrainConfig) -> str | None:
+def store_key_of(cfg: TrainConfig) -> str | None:
     """Which store of a root to train on: the one extraction filled for this model, layers and option."""
     if not cfg.model:
         return None
@@ -93,7 +93,7 @@ def load_inputs(cfg: TrainConfig, device: str = "cpu") -> TrainInputs:
 
         store = open_source(cfg, device)
     else:
-        store = StoreSource(HiddenStateStore(cfg.store, _store_key(cfg)))
+        store = StoreSource(HiddenStateStore(cfg.store, store_key_of(cfg)))
     d2t, t2d = load_vocab(cfg.vocab)
     name = cfg.model or store.info.get("model_name")
     if not name:

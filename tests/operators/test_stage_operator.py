@@ -79,6 +79,29 @@ def test_in_process_result_is_kept_in_the_run_layout_and_pushed(tmp_path):
     assert kept["tokenize"][0]["source_override"] == f"{tmp_path}/regenerated/chat/regenerated.jsonl"
 
 
+@pytest.mark.parametrize("tasks, groups", [(0, [["a"], ["b"], ["c"]]), (1, [["a", "b", "c"]]),
+                                           (2, [["a", "c"], ["b"]]), (5, [["a"], ["b"], ["c"]])])
+def test_regenerate_tasks_deal_the_datasets_over_that_many_tasks(tmp_path, tasks, groups):
+    from eagle3.discover import DiscoverConfig, discover
+
+    lines = "".join(f"  - {{name: {n}, source: {tmp_path}/{n}.jsonl, format: messages, regenerate: {str(n != 'x').lower()}}}\n"
+                    for n in ("a", "x", "b", "c"))
+    for n in ("a", "x", "b", "c"):
+        (tmp_path / f"{n}.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    (tmp_path / "m.yaml").write_text("datasets:\n" + lines)
+    found = discover(DiscoverConfig(manifest=str(tmp_path / "m.yaml"), root=str(tmp_path), regenerate_tasks=tasks))
+    assert [g["datasets"] for g in found["regenerate"]] == groups
+    assert [t["dataset"] for t in found["tokenize"]] == ["a", "x", "b", "c"]
+
+
+@pytest.mark.parametrize("value", [-1, 1025, True, "2"])
+def test_regenerate_tasks_out_of_range_is_refused(tmp_path, value):
+    from eagle3.discover import DiscoverConfig
+
+    with pytest.raises(InputError, match=rf"DiscoverConfig.regenerate_tasks={value!r} must be an integer in \[0, 1024\]"):
+        DiscoverConfig(manifest="m.yaml", root=str(tmp_path), regenerate_tasks=value)
+
+
 def test_a_large_result_goes_to_xcom_by_path(tmp_path, monkeypatch):
     import operators.stage
 
