@@ -1,0 +1,78 @@
+"""bench/paired_bench.py's bookkeeping: what the second draft changes, which evaluation may be reused, and the
+paired figures (hand-computed counts); the whole bench runs in `make demo --compare` (README "The demo")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import paired_bench as pb
+
+
+def _inputs(**kw) -> dict:
+    tc = {"model": "m", "merged": "/r/merged", "store": "/root/store", "out": "/r/checkpoint", "draft_variant": "eagle3",
+          "train_time_budget": 150.0, "max_steps": 0, "epochs": 3, "warmup_ratio": 0.03, "seed": 7, "lr": 2e-3}
+    return {"train_config": tc, "steps": 208, "warmup": 5, "epoch": 2, "draft_variant": "eagle3",
+            "target_engine": "transformers", "engines": {"transformers": 100},
+            "store": {"layers": [1, 14, 26], "storage": "bf16", "precision": {"name": "bfloat16"}}, **kw}
+
+
+def test_the_second_draft_changes_one_setting_and_keeps_the_schedule(tmp_path):
+    variant = pb.retrain_config(_inputs(), "draft_variant", "eagle3.1", str(tmp_path))
+    engine = pb.retrain_config(_inputs(), "target_engine", "vllm", str(tmp_path))
+    for tc in (variant, engine):
+        # exactly the run's steps and warm-up, not re-timed; enough epochs planned for them
+        assert (tc["max_steps"], tc["train_time_budget"], tc["epochs"]) == (208, 0.0, 4)
+        assert tc["warmup_ratio"] * 208 == pytest.approx(5)
+        assert (tc["seed"], tc["lr"], tc["merged"]) == (7, 2e-3, "/r/merged")
+        assert tc["out"] == str(tmp_path / "checkpoint")
+    assert (variant["draft_variant"], variant["store"]) == ("eagle3.1", "/root/store")
+    assert (engine["draft_variant"], engine["store"]) == ("eagle3", str(tmp_path / "store"))
+
+
+def test_the_other_engine_extracts_with_the_run_stores_layers_option_and_precision(tmp_path):
+    args = pb.extract_args(_inputs(), "vllm", str(tmp_path))
+    assert args == ["extract", "--merged", "/r/merged", "--model", "m", "--out", str(tmp_path / "store"),
+                    "--engine", "vllm", "--layers", "1,14,26", "--storage", "bf16", "--precision", "bfloat16"]
+    with pytest.raises(SystemExit, match="needs a run that trained offline"):
+        pb.extract_args(_inputs(store=None), "vllm", str(tmp_path))
+
+
+def _report(tmp_path, name: str, **kw) -> None:
+    eval_dir = tmp_path / "root" / "runs" / "eagle3_train" / "run1" / "eval"
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    report = {"backend": "vllm", "prompts_source": "humaneval", "num_prompts": 5, "steps": 3, "max_new_tokens": 64,
+              "prompts": [], **kw}
+    (eval_dir / name).write_text(json.dumps(report))
+
+
+def test_the_runs_own_vllm_evaluation_is_reused_only_for_the_same_benchmark(tmp_path):
+    run = str(tmp_path / "root" / "runs" / "eagle3_train" / "run1")
+    _report(tmp_path, "report.json", backend="transformers")  # the project decoder's: never stands for vLLM
+    assert pb.reusable_report(run, "humaneval", 5, 3, 64) is None
+    _report(tmp_path, "vllm_report.json")
+    assert pb.reusable_report(run, "humaneval", 5, 3, 64)["backend"] == "vllm"
+    for other in (("chat", 5, 3, 64), ("humaneval", 10, 3, 64), ("humaneval", 5, 4, 64), ("humaneval", 5, 3, 32)):
+        assert pb.reusable_report(run, *other) is None
+
+
+def _prompt(i: int, emitted: int, verifications: int, ids: list[int]) -> dict:
+    return {"id": f"p{i}", "set": "humaneval", "token_ids": ids,
+            "counts": {"verifications": verifications, "emitted": emitted, "reached": [verifications],
+                       "accepted": [emitted - verifications]}}
+
+
+def test_paired_figures_by_hand():
+    base = {"primary_set": "humaneval", "lossless": True,
+            "prompts": [_prompt(0, 20, 10, [1]), _prompt(1, 30, 20, [2])]}
+    changed = {"primary_set": "humaneval", "lossless": True,
+               "prompts": [_prompt(0, 20, 8, [1]), _prompt(1, 30, 15, [3])]}
+    out = pb.compare(base, changed, "eagle3", "eagle3.1")
+    # tau = sum emitted / sum verifications: 50/30 and 50/23
+    assert out["tau"] == {"eagle3": pytest.approx(50 / 30), "eagle3.1": pytest.approx(50 / 23)}
+    assert out["difference"]["difference"] == pytest.approx(50 / 23 - 50 / 30)
+    assert out["same_greedy_output"] == 1 and out["prompts"] == 2
+    other = {**changed, "prompts": changed["prompts"][::-1]}
+    with pytest.raises(SystemExit, match="different prompts"):
+        pb.compare(base, other, "eagle3", "eagle3.1")
