@@ -5,7 +5,8 @@ Takes a finished eagle3_train run and trains its draft again with ONE setting ch
   --vary draft_variant   EAGLE-3 <-> EAGLE 3.1
   --vary target_engine   the hidden states from the other engine (transformers <-> vllm): the run's merged
                          dataset is extracted again, with the same layers, storage option and precision, into a
-                         store of this bench's own (the shared store would find every sample already there)
+                         store of this bench's own (the shared store would find every sample already there);
+                         an online run trains online again, from the other engine
 
 with the run's own training config and exactly its step count and warm-up (a time-budgeted run's fixed count),
 exports it, evaluates it in vLLM (`eagle3 evaluate --backend vllm`) on the run's headline prompts, and prints τ of
@@ -98,6 +99,8 @@ def retrain_config(inputs: dict, vary: str, other: str, work: str) -> dict:
               epochs=inputs["epoch"] + 2, warmup_ratio=warmup / steps)
     if vary == "draft_variant":
         tc["draft_variant"] = other
+    elif tc.get("online"):  # the other engine serves the target while it trains; nothing is written back
+        tc.update(target_engine=other, store=None, write_back=False)
     else:
         tc["store"] = os.path.join(work, "store")
     return {k: v for k, v in tc.items() if v is not None}
@@ -160,7 +163,7 @@ def paired(run: str, vary: str, work: str | None = None, prompts: str = "humanev
     work = work or os.path.join(run, f"paired-{vary}")
     os.makedirs(work, exist_ok=True)
     seconds = {}
-    if vary == "target_engine":
+    if vary == "target_engine" and not inputs["train_config"].get("online"):
         say(f"extracting the run's data again with {other} (the run's store was written by {mine})")
         seconds["extract"] = run_stage(extract_args(inputs, other, work), os.path.join(work, "extract.log"))
     tc = retrain_config(inputs, vary, other, work)

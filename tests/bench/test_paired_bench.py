@@ -31,6 +31,13 @@ def test_the_second_draft_changes_one_setting_and_keeps_the_schedule(tmp_path):
     assert (engine["draft_variant"], engine["store"]) == ("eagle3", str(tmp_path / "store"))
 
 
+def test_an_online_run_trains_online_from_the_other_engine(tmp_path):
+    inputs = _inputs()
+    inputs["train_config"].update(online=True, target_engine="transformers", write_back=True)
+    tc = pb.retrain_config(inputs, "target_engine", "vllm", str(tmp_path))
+    assert (tc["online"], tc["target_engine"], tc["write_back"], "store" in tc) == (True, "vllm", False, False)
+
+
 def test_the_other_engine_extracts_with_the_run_stores_layers_option_and_precision(tmp_path):
     args = pb.extract_args(_inputs(), "vllm", str(tmp_path))
     assert args == ["extract", "--merged", "/r/merged", "--model", "m", "--out", str(tmp_path / "store"),
