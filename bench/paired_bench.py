@@ -3,6 +3,9 @@
 Takes a finished eagle3_train run and trains its draft again with ONE setting changed:
 
   --vary draft_variant   EAGLE-3 <-> EAGLE 3.1
+  --vary seed            the same data in another order and another init: how far two drafts differ by training
+                         noise alone, the yardstick for the other two (the paired interval covers the prompts,
+                         not the training)
   --vary target_engine   the hidden states from the other engine (transformers <-> vllm): the run's merged
                          dataset is extracted again, with the same layers, storage option and precision, into a
                          store of this bench's own (the shared store would find every sample already there);
@@ -34,9 +37,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 EAGLE3 = [sys.executable, "-m", "eagle3.cli"]
-VARIES = ("draft_variant", "target_engine")
+VARIES = ("draft_variant", "target_engine", "seed")
 OTHER = {"draft_variant": {"eagle3": "eagle3.1", "eagle3.1": "eagle3"},
          "target_engine": {"transformers": "vllm", "vllm": "transformers"}}
+
+
+def other_value(vary: str, mine):
+    """The value the second draft trains with: the other variant or engine, or the next seed."""
+    return mine + 1 if vary == "seed" else OTHER[vary][mine]
 # What must match for the run's own vLLM report to stand for a new evaluation of its draft.
 SAME_BENCHMARK = ("prompts_source", "num_prompts", "steps", "max_new_tokens")
 
@@ -85,7 +93,7 @@ def run_inputs(run: str) -> dict:
         store = json.load(open(os.path.join(store_dir, STORE_JSON)))
     # The engines that computed the trained samples' states (a re-run reuses what another engine stored).
     engines = json.load(open(layout.task_result("train"))).get("engines") or {}
-    return {"layout": layout, "train_config": tc, "steps": steps, "warmup": warmup,
+    return {"layout": layout, "train_config": tc, "steps": steps, "warmup": warmup, "seed": int(tc["seed"]),
             "epoch": int(state["position"]["epoch"]), "draft_variant": variant, "store": store, "engines": engines,
             "target_engine": next(iter(engines)) if len(engines) == 1 else None}
 
@@ -97,8 +105,8 @@ def retrain_config(inputs: dict, vary: str, other: str, work: str) -> dict:
     tc = dict(inputs["train_config"])
     tc.update(out=os.path.join(work, "checkpoint"), train_time_budget=0.0, max_steps=steps,
               epochs=inputs["epoch"] + 2, warmup_ratio=warmup / steps)
-    if vary == "draft_variant":
-        tc["draft_variant"] = other
+    if vary in ("draft_variant", "seed"):
+        tc[vary] = other
     elif tc.get("online"):  # the other engine serves the target while it trains; nothing is written back
         tc.update(target_engine=other, store=None, write_back=False)
     else:
@@ -159,7 +167,7 @@ def paired(run: str, vary: str, work: str | None = None, prompts: str = "humanev
     if mine is None:
         raise SystemExit(f"the run trained on states computed by several engines ({inputs['engines']}): "
                          "--vary target_engine pairs one engine's states against the other's")
-    other = OTHER[vary][mine]
+    other = other_value(vary, mine)
     work = work or os.path.join(run, f"paired-{vary}")
     os.makedirs(work, exist_ok=True)
     seconds = {}
@@ -177,8 +185,8 @@ def paired(run: str, vary: str, work: str | None = None, prompts: str = "humanev
     bench = ["--prompts", prompts, "--limit", str(limit), "--max-new-tokens", str(max_new_tokens),
              "--steps", str(steps), "--backend", "vllm"]
     reports = {}
-    for name, d in ((mine, inputs["layout"].folder("draft")), (other, draft)):
-        reused = reusable_report(run, prompts, limit, steps, max_new_tokens) if name == mine else None
+    for name, d in ((str(mine), inputs["layout"].folder("draft")), (str(other), draft)):
+        reused = reusable_report(run, prompts, limit, steps, max_new_tokens) if name == str(mine) else None
         if reused is not None:
             say(f"{vary}={name}: the run's own vLLM evaluation is reused (same prompts and settings)")
             reports[name] = reused
@@ -188,10 +196,10 @@ def paired(run: str, vary: str, work: str | None = None, prompts: str = "humanev
         seconds[f"evaluate {name}"] = run_stage(["evaluate", "--model", tc["model"], "--draft", d, "--out", out]
                                                 + bench, os.path.join(work, f"evaluate-{name}.log"))
         reports[name] = json.load(open(os.path.join(out, "report.json")))
-    result = {"run": run, "vary": vary, "engines": inputs["engines"], "base": mine, "changed": other, "steps": inputs["steps"],
-              "warmup": inputs["warmup"], "benchmark": {"prompts": prompts, "limit": limit, "steps": steps,
+    result = {"run": run, "vary": vary, "engines": inputs["engines"], "base": mine, "changed": other,
+              "steps": inputs["steps"], "warmup": inputs["warmup"], "benchmark": {"prompts": prompts, "limit": limit, "steps": steps,
                                                          "max_new_tokens": max_new_tokens, "engine": "vllm"},
-              **compare(reports[mine], reports[other], mine, other),
+              **compare(reports[str(mine)], reports[str(other)], str(mine), str(other)),
               "seconds": {k: round(v, 1) for k, v in seconds.items()}}
     with open(os.path.join(work, "paired.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -200,11 +208,11 @@ def paired(run: str, vary: str, work: str | None = None, prompts: str = "humanev
 
 
 def summary_line(r: dict) -> str:
-    d = r["difference"]
+    d, base, changed = r["difference"], str(r["base"]), str(r["changed"])
     iv = d["interval"]
     return (f"{r['vary']}, vLLM, {r['benchmark']['prompts']} x {r['prompts']}, k={r['benchmark']['steps']}, "
-            f"{r['steps']} steps each: tau {r['base']} {r['tau'][r['base']]:.3f}, {r['changed']} "
-            f"{r['tau'][r['changed']]:.3f}; {r['changed']} - {r['base']} = {d['difference']:+.3f} "
+            f"{r['steps']} steps each: tau {base} {r['tau'][base]:.3f}, {changed} "
+            f"{r['tau'][changed]:.3f}; {changed} - {base} = {d['difference']:+.3f} "
             f"(95% paired interval [{iv[0]:+.3f}, {iv[1]:+.3f}]: "
             f"{'no difference the prompts can show' if d['agree'] else 'a difference'})")
 

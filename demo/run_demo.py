@@ -52,8 +52,9 @@ def main() -> int:
                          f"{', '.join(VARIES)}; target_engine is added when the conf sets a non-default engine")
     args = ap.parse_args()
     compare = [v.strip() for v in args.compare.split(",") if v.strip()]
-    if json.loads(args.conf).get("target_engine", "transformers") != "transformers" and "target_engine" not in compare:
-        compare.append("target_engine")  # a non-default engine is reported next to the default one's
+    if json.loads(args.conf).get("target_engine", "transformers") != "transformers":
+        # a non-default engine is reported next to the default one's, and both against training noise
+        compare += [v for v in ("target_engine", "seed") if v not in compare]
     wrong = [v for v in compare if v not in VARIES]
     if wrong:
         ap.error(f"--compare {','.join(wrong)}: choose from {', '.join(VARIES)}")
@@ -100,15 +101,33 @@ def main() -> int:
     if run_dir:
         summarize(run_dir)
     if run_dir and compare and not (failed or code):
+        results = {}
         try:
             for vary in compare:
                 print(f"\n--- paired comparison: {vary} (bench/paired_bench.py) ---", flush=True)
-                paired(str(run_dir), vary, say=lambda line: print(line, flush=True))
+                results[vary] = paired(str(run_dir), vary, say=lambda line: print(line, flush=True))
         except SystemExit as e:  # a stage of the comparison failed: the demo did not do what it said
             print(f"paired comparison failed: {e}")
             return 1
+        for line in against_noise(results):
+            print(line)
         print(f"demo with comparisons: {(time.time() - t0) / 60:.1f} min in all")
     return 1 if failed or code else 0
+
+
+def against_noise(results: dict) -> list[str]:
+    """Each setting's τ difference next to the seed's: the paired interval covers the prompts, not training noise,
+    so a difference no larger than two seeds' is not the setting's doing."""
+    if "seed" not in results:
+        return []
+    noise = abs(results["seed"]["difference"]["difference"])
+    out = []
+    for vary, r in results.items():
+        if vary != "seed":
+            d = r["difference"]["difference"]
+            out.append(f"{vary}: tau difference {d:+.3f} against {noise:.3f} between two seeds: "
+                       + ("within training noise" if abs(d) <= noise else "larger than training noise"))
+    return out
 
 
 def newest_run(artifacts: Path) -> Path | None:

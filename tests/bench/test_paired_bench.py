@@ -21,14 +21,16 @@ def _inputs(**kw) -> dict:
 def test_the_second_draft_changes_one_setting_and_keeps_the_schedule(tmp_path):
     variant = pb.retrain_config(_inputs(), "draft_variant", "eagle3.1", str(tmp_path))
     engine = pb.retrain_config(_inputs(), "target_engine", "vllm", str(tmp_path))
-    for tc in (variant, engine):
+    seed = pb.retrain_config(_inputs(), "seed", pb.other_value("seed", 7), str(tmp_path))
+    assert (seed["seed"], seed["draft_variant"], seed["store"]) == (8, "eagle3", "/root/store")
+    for tc in (variant, engine, seed):
         # exactly the run's steps and warm-up, not re-timed; enough epochs planned for them
         assert (tc["max_steps"], tc["train_time_budget"], tc["epochs"]) == (208, 0.0, 4)
         assert tc["warmup_ratio"] * 208 == pytest.approx(5)
-        assert (tc["seed"], tc["lr"], tc["merged"]) == (7, 2e-3, "/r/merged")
+        assert (tc["lr"], tc["merged"]) == (2e-3, "/r/merged")
         assert tc["out"] == str(tmp_path / "checkpoint")
-    assert (variant["draft_variant"], variant["store"]) == ("eagle3.1", "/root/store")
-    assert (engine["draft_variant"], engine["store"]) == ("eagle3", str(tmp_path / "store"))
+    assert (variant["draft_variant"], variant["store"], variant["seed"]) == ("eagle3.1", "/root/store", 7)
+    assert (engine["draft_variant"], engine["store"], engine["seed"]) == ("eagle3", str(tmp_path / "store"), 7)
 
 
 def test_an_online_run_trains_online_from_the_other_engine(tmp_path):
