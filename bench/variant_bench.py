@@ -15,20 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-EAGLE3 = [sys.executable, "-m", "eagle3.cli"]
-
-
-def run(args: list[str], log_path: str) -> None:
-    with open(log_path, "w") as log:
-        code = subprocess.call(EAGLE3 + args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                               env={**os.environ, "PYTHONPATH": REPO})
-    if code:
-        raise SystemExit(f"`eagle3 {args[0]}` failed (exit {code}); see {log_path}")
+from stage_process import run_stage  # bench/ is on sys.path when this script runs (and puts REPO there)
 
 
 def main() -> None:
@@ -60,14 +48,14 @@ def main() -> None:
     cfg_path = os.path.join(work, f"train-{other}.json")
     json.dump(tc, open(cfg_path, "w"), indent=1)
     print(f"training {other} for {steps} steps (warm-up {warmup}) as the run trained {trained}", flush=True)
-    run(["train", "--config", cfg_path], os.path.join(work, f"train-{other}.log"))
+    run_stage(["train", "--config", cfg_path], os.path.join(work, f"train-{other}.log"))
     drafts = {trained: os.path.join(args.run, "draft"), other: os.path.join(work, f"draft-{other}")}
-    run(["export", "--checkpoint", tc["out"], "--out", drafts[other]], os.path.join(work, f"export-{other}.log"))
+    run_stage(["export", "--checkpoint", tc["out"], "--out", drafts[other]], os.path.join(work, f"export-{other}.log"))
     reports = {}
     for variant, draft in drafts.items():
         out = os.path.join(work, f"eval-{variant}")
         print(f"evaluating {variant} in vLLM", flush=True)
-        run(["evaluate", "--model", tc["model"] or "smollm2-135m-instruct", "--draft", draft, "--out", out,
+        run_stage(["evaluate", "--model", tc["model"] or "smollm2-135m-instruct", "--draft", draft, "--out", out,
              "--prompts", args.prompts, "--limit", str(args.limit), "--max-new-tokens", str(args.max_new_tokens),
              "--steps", str(args.steps), "--backend", "vllm"], os.path.join(work, f"eval-{variant}.log"))
         reports[variant] = json.load(open(os.path.join(out, "report.json")))

@@ -8,7 +8,6 @@ from html.parser import HTMLParser
 
 import pytest
 
-from eagle3.layout import RunLayout
 from eagle3.report import ReportConfig, report
 from eagle3_report import page, run_files
 from report_run_folder import DAG_ID, RUN_ID
@@ -66,7 +65,6 @@ def pages(artifacts):
     """(report.html, the UI page) of one run: two engines with intervals and tie flips, a publish decision
     against a previous best, the stats table with a flag, a failed verify check, store indexes, train metrics."""
     root = str(artifacts)
-    layout = RunLayout(root, DAG_ID, RUN_ID)
     (artifacts / "runs" / DAG_ID / RUN_ID / "eval" / "report.json").write_text(json.dumps(two_engine_report()))
     summaries = artifacts / "runs" / DAG_ID / RUN_ID / "summaries"
     summaries.mkdir()
@@ -75,11 +73,11 @@ def pages(artifacts):
                                                          "tokens": 49_500}))
     report(ReportConfig(root, DAG_ID, RUN_ID, task_states=tuple(TASKS)))
     ui = page.render(run_files.load_run(DAG_ID, RUN_ID, root=root, tasks=TASKS, state="success"), "/eagle3")
-    return _Page((artifacts / "runs" / DAG_ID / RUN_ID / "report" / "report.html").read_text()), _Page(ui), layout
+    return _Page((artifacts / "runs" / DAG_ID / RUN_ID / "report" / "report.html").read_text()), _Page(ui)
 
 
 def test_every_table_is_the_same_on_both_pages(pages):
-    html, ui, _ = pages
+    html, ui = pages
     assert sorted(html.tables) == sorted(ui.tables)
     # acceptance, tie flips, publish, training (last event, per TTT step), datasets, verify, extraction (store, run)
     assert len(ui.tables) == 9
@@ -88,7 +86,7 @@ def test_every_table_is_the_same_on_both_pages(pages):
 def test_the_figures_read_as_computed_by_hand(pages):
     """An independent check of the shared strings: what the evaluate report, publish.json, the stats table and
     verify.json hold, printed by fmt (4 significant digits, thousands separators, × for a speedup)."""
-    html, ui, _ = pages
+    html, ui = pages
     for p in (html, ui):
         acceptance = next(t for t in p.tables if t[0][0] == "engine" and t[0][1] == "prompt set")
         assert acceptance[0] == ["engine", "prompt set", "prompts", "τ [95% CI]", "accept 1", "accept 2", "accept 3",
@@ -116,6 +114,6 @@ def test_the_figures_read_as_computed_by_hand(pages):
 
 
 def test_every_sentence_of_the_report_is_on_the_ui_page(pages):
-    html, ui, _ = pages
+    html, ui = pages
     shared = [p for p in html.paragraphs if not p.startswith("written ")]  # when report.html was written
     assert shared and [p for p in shared if p not in ui.paragraphs] == []
