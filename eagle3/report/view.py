@@ -193,7 +193,10 @@ def datasets_view(ds: dict) -> dict:
     rows, flagged = ds.get("rows") or [], ds.get("flagged") or []
     cols = dataset_columns(rows)
     names = {f["dataset"] for f in flagged}
-    return {"table": table("datasets", cols, [[r.get(c) for c in cols] for r in rows],
+    def value(c: str, v: Any) -> Any:  # a flag is a warning; other yes/no columns are facts, not verdicts
+        return Cell(fmt(v), "bad" if v and c == "flagged" else "") if isinstance(v, bool) else v
+
+    return {"table": table("datasets", cols, [[value(c, r.get(c)) for c in cols] for r in rows],
                            ["flagged" if r.get("dataset") in names else "" for r in rows],
                            left=tuple(i for i, c in enumerate(cols) if c in ("dataset", "category"))),
             "flagged": [{"dataset": str(f["dataset"]), "reason": f.get("reason") or ""} for f in flagged],
