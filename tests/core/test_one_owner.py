@@ -43,48 +43,39 @@ def _defined(name: str) -> list[str]:
     return sorted(_definitions().get(name, ()))
 
 
-OWNERS = {
+OWNERS = {name: module for module, names in (
     # the dataset reader: manifest, file reading, record rules (roles, reasoning keys)
-    "load_manifest": "eagle3/datasets/manifest.py", "parse_manifest": "eagle3/datasets/manifest.py",
-    "source_uris": "eagle3/datasets/manifest.py", "read_records": "eagle3/datasets/readers.py",
-    "MESSAGE_ROLES": "eagle3/datasets/records.py", "SHAREGPT_ROLES": "eagle3/datasets/records.py",
-    "REASONING_KEYS": "eagle3/datasets/records.py",
+    ("eagle3/datasets/manifest.py", "load_manifest parse_manifest source_uris"),
+    ("eagle3/datasets/readers.py", "read_records"),
+    ("eagle3/datasets/records.py", "MESSAGE_ROLES SHAREGPT_ROLES REASONING_KEYS"),
     # the sample content hash, the extraction cost formula, the checksum check
-    "content_id": "eagle3/datasets/samples.py", "stored_bytes": "eagle3/storage_options.py",
-    "check_sha256": "eagle3/storage.py", "sha256_problem": "eagle3/storage.py",
+    ("eagle3/datasets/samples.py", "content_id"), ("eagle3/storage_options.py", "stored_bytes"),
+    ("eagle3/storage.py", "check_sha256 sha256_problem"),
     # the stage registry; a free port for a test server
-    "STAGES": "eagle3/stages.py", "COMMANDS": "eagle3/stages.py", "free_port": "eagle3/serving/process.py",
+    ("eagle3/stages.py", "STAGES COMMANDS"), ("eagle3/serving/process.py", "free_port"),
     # the aux-layer validator (extraction and the decoder); the OOM halving policy (extraction and training)
-    "aux_layers": "eagle3/target.py", "halved_budget": "eagle3/oom.py",
-    # one renderer of a run's summary: the number formatter, the engine rows and verdicts, the task outcome
-    # (summary.py); the content read from a run's files (collect.py: report.json's and the UI tab's); the texts
-    # and tables both pages print (view.py)
-    "fmt_metric": "eagle3/report/summary.py", "headline_rows": "eagle3/report/summary.py",
-    "lossless_text": "eagle3/report/summary.py", "tie_flips": "eagle3/report/summary.py",
-    "run_status": "eagle3/report/summary.py",
-    "collect": "eagle3/report/collect.py", "task_results": "eagle3/report/collect.py",
-    "reuse_of": "eagle3/report/collect.py", "task_state_map": "eagle3/report/collect.py",
-    "read_datasets": "eagle3/report/collect.py", "read_training": "eagle3/report/collect.py",
-    "read_extraction": "eagle3/report/collect.py", "training_curves": "eagle3/report/collect.py",
-    "sections": "eagle3/report/view.py", "SECTION_TASKS": "eagle3/report/view.py",
-    "dataset_columns": "eagle3/report/view.py", "reuse_lines": "eagle3/report/view.py",
-    "render_html": "eagle3/report/html.py",
-    # the hidden-state store's file rules (writer, reader, online write-back, the UI's report tab)
-    "store_key": "eagle3/extract/store_format.py", "read_indexes": "eagle3/extract/store_format.py",
-    "resolve_store_dir": "eagle3/extract/store_format.py", "is_index_name": "eagle3/extract/store_format.py",
-    "IDENTITY": "eagle3/extract/store_format.py",
+    ("eagle3/target.py", "aux_layers"), ("eagle3/oom.py", "halved_budget"),
+    # one renderer of a run's summary: the number formatter, the engine rows and verdicts, the task outcome;
+    # the content read from a run's files (report.json's and the UI tab's); the texts and tables both pages print
+    ("eagle3/report/summary.py", "fmt_metric headline_rows lossless_text tie_flips run_status"),
+    ("eagle3/report/collect.py", "collect task_results reuse_of task_state_map read_datasets read_training "
+                                 "read_extraction training_curves"),
+    ("eagle3/report/view.py", "sections SECTION_TASKS dataset_columns reuse_lines"),
+    ("eagle3/report/html.py", "render_html"),
+    # the hidden-state store's file rules (writer, reader, online write-back, the report, the storage bench)
+    ("eagle3/extract/store_format.py", "store_key read_indexes resolve_store_dir is_index_name IDENTITY"),
     # the TTT defaults, torch-free (train's config and the trainer import them, not eagle3.draft.ttt)
-    "DEFAULT_TTT_LENGTH": "eagle3/draft/config.py", "DEFAULT_STEP_DECAY": "eagle3/draft/config.py",
+    ("eagle3/draft/config.py", "DEFAULT_TTT_LENGTH DEFAULT_STEP_DECAY"),
     # the trainer's sample interface (the store reader and the online source implement it)
-    "SampleSource": "eagle3/train/source.py",
+    ("eagle3/train/source.py", "SampleSource"),
     # where greedy outputs first differ (the lossless verdict; eagle3/extract/vllm_states.py keeps a torch
     # `_first_difference` of its own for now)
-    "first_difference": "eagle3/evaluate/lossless.py",
+    ("eagle3/evaluate/lossless.py", "first_difference"),
     # a model folder's tokenizer files (the fingerprint hashes them; the tests' tiny Llamas copy them)
-    "TOKENIZER_FILES": "eagle3/target.py", "save_random_llama": "tests/tiny_llama.py",
+    ("eagle3/target.py", "TOKENIZER_FILES"), ("tests/tiny_llama.py", "save_random_llama"),
     # the argv of an `eagle3 <stage>` child (operators) and the benches' way of running one
-    "eagle3_cli": "operators/supervised.py", "run_stage": "bench/stage_process.py",
-}
+    ("operators/supervised.py", "eagle3_cli"), ("bench/stage_process.py", "run_stage"),
+) for name in names.split()}
 RETIRED = ("sample_id", "_free_port", "_stats_with_table", "_publish_and_say", "_evaluate_and_say", "stage_cli",
            # the report stage's and the UI tab's own readers of a run's files, before eagle3.report.collect
            "read_acceptance", "_task_results", "_reuse", "_read_json", "dataset_rows", "store_dir")
