@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle3 import storage  # noqa: E402
 from eagle3.extract.store import VerifiedMarks, _hash_files  # noqa: E402
+from eagle3.extract.store_format import shard_name  # noqa: E402
 
 
 def _drop_cache(path: Path) -> None:
@@ -62,7 +63,7 @@ def main() -> None:
     try:
         paths = []
         for i in range(args.files):
-            p = root / f"shard-{i:05d}.safetensors"
+            p = root / shard_name("bench", i)
             with open(p, "wb") as f:
                 for _ in range(args.mb):
                     f.write(os.urandom(1 << 20))

@@ -24,7 +24,6 @@ descendants, the server's workers included; and the part of it above the level b
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -43,13 +42,15 @@ def write_samples(folder: Path, n: int, seed: int, vocab: int, max_len: int) -> 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from eagle3.datasets.samples import content_id  # the id tokenize and merge give a sample
+
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
         length = min(max_len, max(16, int(rng.lognormvariate(5.5, 0.6))))
         ids = [rng.randrange(3, vocab) for _ in range(length)]
         mask = [0] * (length // 4) + [1] * (length - length // 4)
-        rows.append((hashlib.sha256(repr(ids).encode()).hexdigest()[:32], ids, mask))
+        rows.append((content_id(ids, mask), ids, mask))
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({
         "id": [r[0] for r in rows],

@@ -29,14 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
-EAGLE3 = [sys.executable, "-m", "eagle3.cli"]
+
+from bench.stage_process import run_stage  # noqa: E402  (after the path)
 VARIES = ("draft_variant", "target_engine", "seed")
 OTHER = {"draft_variant": {"eagle3": "eagle3.1", "eagle3.1": "eagle3"},
          "target_engine": {"transformers": "vllm", "vllm": "transformers"}}
@@ -47,17 +46,6 @@ def other_value(vary: str, mine):
     return mine + 1 if vary == "seed" else OTHER[vary][mine]
 # What must match for the run's own vLLM report to stand for a new evaluation of its draft.
 SAME_BENCHMARK = ("prompts_source", "num_prompts", "steps", "max_new_tokens")
-
-
-def run_stage(args: list[str], log_path: str) -> float:
-    """One `eagle3 <stage>` process, its output in log_path; wall seconds. Exits naming the log on failure."""
-    t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        code = subprocess.call(EAGLE3 + args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                               env={**os.environ, "PYTHONPATH": REPO})
-    if code:
-        raise SystemExit(f"`eagle3 {args[0]}` failed (exit {code}); see {log_path}")
-    return time.monotonic() - t0
 
 
 def run_layout(run: str):

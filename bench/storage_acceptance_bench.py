@@ -22,42 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EAGLE3 = [sys.executable, "-m", "eagle3.cli"]
+from stage_process import run_stage  # bench/ is on sys.path when this script runs
 
-
-def run(args: list[str], log_path: str) -> float:
-    """Run one eagle3 subcommand; its output goes to log_path. Returns wall seconds."""
-    t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        code = subprocess.call(EAGLE3 + args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                               env={**os.environ, "PYTHONPATH": REPO})
-    if code:
-        raise SystemExit(f"`eagle3 {' '.join(args[:1])}` failed (exit {code}); see {log_path}")
-    return time.monotonic() - t0
-
-
-def store_dir(root: str) -> str:
-    """The one store folder `eagle3 extract` created under root."""
-    found = [d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "store.json"))]
-    if len(found) != 1:
-        raise SystemExit(f"expected one store under {root}, found {found}")
-    return os.path.join(root, found[0])
+from eagle3.extract.store_format import STORE_JSON, read_indexes, resolve_store_dir
 
 
 def bytes_per_token(store: str) -> float:
     """Shard bytes on disk (headers included) over the tokens the shard indexes list."""
-    total = tokens = 0
-    for f in os.listdir(store):
-        if f.startswith("index-") and f.endswith(".json"):
-            for shard, entry in json.load(open(os.path.join(store, f))).items():
-                total += os.path.getsize(os.path.join(store, shard))
-                tokens += int(entry["tokens"])
-    return total / tokens if tokens else float("nan")
+    shards, _ = read_indexes(store)
+    tokens = sum(int(entry["tokens"]) for entry in shards.values())
+    return sum(os.path.getsize(os.path.join(store, shard)) for shard in shards) / tokens if tokens else float("nan")
 
 
 def main() -> None:
@@ -85,22 +60,22 @@ def main() -> None:
         work = os.path.join(args.workdir, storage)
         os.makedirs(work, exist_ok=True)
         times = {}
-        times["extract"] = run(["extract", "--merged", merged, "--model", args.model, "--out",
+        times["extract"] = run_stage(["extract", "--merged", merged, "--model", args.model, "--out",
                                 os.path.join(work, "store"), "--storage", storage], os.path.join(work, "extract.log"))
-        store = store_dir(os.path.join(work, "store"))
-        times["train"] = run(["train", "--store", store, "--vocab", vocab, "--merged", merged, "--out",
+        store = resolve_store_dir(os.path.join(work, "store"))  # the one store extract created there
+        times["train"] = run_stage(["train", "--store", store, "--vocab", vocab, "--merged", merged, "--out",
                               os.path.join(work, "ckpt"), "--epochs", str(args.epochs), "--ttt-length",
                               str(args.ttt_length), "--lr", str(args.lr), "--token-budget", str(args.token_budget),
                               "--seed", "0"], os.path.join(work, "train.log"))
-        times["export"] = run(["export", "--checkpoint", os.path.join(work, "ckpt"), "--out",
+        times["export"] = run_stage(["export", "--checkpoint", os.path.join(work, "ckpt"), "--out",
                                os.path.join(work, "draft")], os.path.join(work, "export.log"))
-        times["evaluate"] = run(["evaluate", "--target", args.model, "--draft", os.path.join(work, "draft"),
+        times["evaluate"] = run_stage(["evaluate", "--target", args.model, "--draft", os.path.join(work, "draft"),
                                  "--prompts", args.prompts, "--limit", str(args.limit), "--max-new-tokens",
                                  str(args.max_new_tokens), "--steps", str(args.steps), "--checkpoint",
                                  os.path.join(work, "ckpt"), "--out", os.path.join(work, "eval")],
                                 os.path.join(work, "evaluate.log"))
         report = json.load(open(os.path.join(work, "eval", "report.json")))
-        info = json.load(open(os.path.join(store, "store.json")))
+        info = json.load(open(os.path.join(store, STORE_JSON)))
         row = {"storage": storage, "bytes_per_token": bytes_per_token(store), "hidden_size": info.get("hidden_size"),
                "sim_tau": report.get("sim_accept_len_k"), "lossless": report["lossless"],
                "tau": {name: s["acceptance_length"] for name, s in report["sets"].items()}, "seconds": times}

@@ -188,11 +188,14 @@ def fingerprint_files(paths: list[Path], extra: str = "") -> str:
     return h.hexdigest()
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+"""A model directory's tokenizer and chat template (what the tokenizer fingerprint hashes)."""
+
+
 def tokenizer_fingerprint(model_dir: str) -> str:
     """Hash of the tokenizer files and chat template of a model directory."""
     root = Path(model_dir)
-    names = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"]
-    return fingerprint_files([root / n for n in names if (root / n).exists()])[:16]
+    return fingerprint_files([root / n for n in TOKENIZER_FILES if (root / n).exists()])[:16]
 
 
 def model_fingerprint(model_dir: str) -> str:

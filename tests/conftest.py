@@ -4,7 +4,6 @@ and a real S3 HTTP endpoint (moto server on 127.0.0.1)."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.serving.process import free_port
+from tests.tiny_llama import save_random_llama, tiny_llama_config
 
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 REPO = Path(__file__).resolve().parents[1]
@@ -31,40 +31,18 @@ def smollm2_dir() -> str:
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, smollm2_dir) -> str:
     """A random 8-layer, 64-wide Llama with SmolLM2's tokenizer and chat template."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    for name in os.listdir(smollm2_dir):
-        if name.startswith("tokenizer") or name in ("chat_template.jinja", "special_tokens_map.json"):
-            shutil.copy(Path(smollm2_dir, name), out / name)
-    return str(out)
+    return save_random_llama(tmp_path_factory.mktemp("tiny-llama"), tiny_llama_config(), smollm2_dir)
 
 
 @pytest.fixture(scope="session")
 def padded_tiny_llama_dir(tmp_path_factory, tiny_llama_dir) -> str:
     """The tiny Llama with its lm_head and embedding padded past the tokenizer: config.json
     vocab_size = len(tokenizer) + 64, as Qwen pads 151,665 tokens to 151,936 rows."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
-    out = tmp_path_factory.mktemp("tiny-llama-padded")
     n = len(AutoTokenizer.from_pretrained(tiny_llama_dir))
-    cfg = LlamaConfig.from_pretrained(tiny_llama_dir)
-    cfg.vocab_size = n + 64
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    for name in os.listdir(tiny_llama_dir):
-        if name.startswith("tokenizer") or name in ("chat_template.jinja", "special_tokens_map.json"):
-            shutil.copy(Path(tiny_llama_dir, name), out / name)
-    return str(out)
+    return save_random_llama(tmp_path_factory.mktemp("tiny-llama-padded"), tiny_llama_config(vocab_size=n + 64),
+                             tiny_llama_dir)
 
 
 @pytest.fixture(scope="session")

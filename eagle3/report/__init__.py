@@ -1,14 +1,17 @@
 """The report stage: one report per DAG run (plots, report.html) and the run summary the UI page reads.
 
 ``report(ReportConfig) -> summary``; ``write_report(out, ...)`` renders from explicit paths. The
-run's folders come from :mod:`eagle3.layout`; the work is in :mod:`eagle3.report.stage`.
+run's folders come from :mod:`eagle3.layout`; the work is in :mod:`eagle3.report.stage`. What a report
+says is :mod:`eagle3.report.collect`'s (read from the run's files) and :mod:`eagle3.report.view`'s (the texts
+and tables), shared with the Airflow UI's report tab.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eagle3.report.stage import training_curves, write_report  # light: matplotlib loads inside
+from eagle3.report.collect import training_curves
+from eagle3.report.stage import write_report  # light: matplotlib loads inside
 
 
 @dataclass(frozen=True)

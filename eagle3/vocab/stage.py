@@ -130,9 +130,9 @@ def load_vocab(uri: str) -> tuple[np.ndarray, np.ndarray]:
                          f"`eagle3 vocab --merged MERGED --out {uri}`")
     info, data = storage.read_json(info_uri), storage.read_bytes(path)
     want = (info.get("checksums") or {}).get("vocab.safetensors")
-    if want and storage.sha256_bytes(data) != want:
-        raise InputError("sha256 differs from vocab.json's; the file changed after it was written: rebuild it "
-                         "with `eagle3 vocab --force`", file=path)
+    if problem := storage.sha256_problem(path, want, "vocab.json", digest=storage.sha256_bytes(data)):
+        raise InputError(f"{problem}: the file changed after it was written; rebuild it with `eagle3 vocab --force`",
+                         file=path)
     t = load(data)
     if "d2t" not in t or "t2d" not in t:
         raise InputError(f"lacks d2t/t2d (has {sorted(t)}); rebuild it with `eagle3 vocab --force`", file=path)

@@ -5,16 +5,14 @@ whose positions reach 32K."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.airflow.test_dags_test_runs import dags_test, newest_run_dir, task_instances
 from tests.airflow.tiny_data import tiny_conf, write_dataset
+from tests.tiny_llama import save_random_llama, tiny_llama_config
 
 pytestmark = [pytest.mark.integration]
 
@@ -26,19 +24,8 @@ WORDS = "the river model token draft target layer state value cache window sampl
 def long_llama_dir(tmp_path_factory, smollm2_dir) -> str:
     """The tests' tiny Llama shape with 32K positions; tied embeddings, so a random model's argmax is mostly its
     input token, which the draft vocab (the data's frequent tokens) holds: the loss has positions to train on."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    out = tmp_path_factory.mktemp("long-llama")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
-                      rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    for name in os.listdir(smollm2_dir):
-        if name.startswith("tokenizer") or name in ("chat_template.jinja", "special_tokens_map.json"):
-            shutil.copy(Path(smollm2_dir, name), out / name)
-    return str(out)
+    cfg = tiny_llama_config(max_position_embeddings=32768, tie_word_embeddings=True)
+    return save_random_llama(tmp_path_factory.mktemp("long-llama"), cfg, smollm2_dir)
 
 
 def _long_conversation(rng: random.Random, words: int) -> dict:

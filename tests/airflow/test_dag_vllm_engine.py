@@ -10,40 +10,27 @@ online run gets a storage root of its own, or it would find the offline store an
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from eagle3.errors import InputError
 from tests.airflow.test_dags_test_runs import dags_test, newest_run_dir, task_instances
 from tests.airflow.tiny_data import tiny_conf, write_tiny_manifest
+from tests.tiny_llama import save_random_llama, tiny_llama_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def vllm_tiny_llama(tmp_path_factory, smollm2_dir) -> str:
-    import shutil
-
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from eagle3.serving.vllm import vllm_python
 
     try:
         vllm_python()
     except InputError as e:
         pytest.skip(f"no vLLM venv: {e}")
-    out = tmp_path_factory.mktemp("tiny-llama-hd32")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048, rms_norm_eps=1e-5,
-                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    for name in Path(smollm2_dir).iterdir():
-        if name.name.startswith("tokenizer") or name.name in ("chat_template.jinja", "special_tokens_map.json"):
-            shutil.copy(name, out / name.name)
-    return str(out)
+    return save_random_llama(tmp_path_factory.mktemp("tiny-llama-hd32"),
+                             tiny_llama_config(num_attention_heads=2, num_key_value_heads=1), smollm2_dir)
 
 
 def test_dag_with_the_vllm_engine_offline_then_online(airflow_home, tmp_path, vllm_tiny_llama):

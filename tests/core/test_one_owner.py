@@ -43,29 +43,42 @@ def _defined(name: str) -> list[str]:
     return sorted(_definitions().get(name, ()))
 
 
-OWNERS = {
+OWNERS = {name: module for module, names in (
     # the dataset reader: manifest, file reading, record rules (roles, reasoning keys)
-    "load_manifest": "eagle3/datasets/manifest.py", "parse_manifest": "eagle3/datasets/manifest.py",
-    "source_uris": "eagle3/datasets/manifest.py", "read_records": "eagle3/datasets/readers.py",
-    "MESSAGE_ROLES": "eagle3/datasets/records.py", "SHAREGPT_ROLES": "eagle3/datasets/records.py",
-    "REASONING_KEYS": "eagle3/datasets/records.py",
+    ("eagle3/datasets/manifest.py", "load_manifest parse_manifest source_uris"),
+    ("eagle3/datasets/readers.py", "read_records"),
+    ("eagle3/datasets/records.py", "MESSAGE_ROLES SHAREGPT_ROLES REASONING_KEYS"),
     # the sample content hash, the extraction cost formula, the checksum check
-    "content_id": "eagle3/datasets/samples.py", "stored_bytes": "eagle3/storage_options.py",
-    "check_sha256": "eagle3/storage.py", "sha256_problem": "eagle3/storage.py",
+    ("eagle3/datasets/samples.py", "content_id"), ("eagle3/storage_options.py", "stored_bytes"),
+    ("eagle3/storage.py", "check_sha256 sha256_problem"),
     # the stage registry; a free port for a test server
-    "STAGES": "eagle3/stages.py", "COMMANDS": "eagle3/stages.py", "free_port": "eagle3/serving/process.py",
+    ("eagle3/stages.py", "STAGES COMMANDS"), ("eagle3/serving/process.py", "free_port"),
     # the aux-layer validator (extraction and the decoder); the OOM halving policy (extraction and training)
-    "aux_layers": "eagle3/target.py", "halved_budget": "eagle3/oom.py",
-    # the number formatter of report.html and the UI's report tab
-    "fmt_metric": "eagle3/report/summary.py",
-    # the hidden-state store's file rules (writer, reader, online write-back, the UI's report tab)
-    "store_key": "eagle3/extract/store_format.py", "read_indexes": "eagle3/extract/store_format.py",
-    "resolve_store_dir": "eagle3/extract/store_format.py", "is_index_name": "eagle3/extract/store_format.py",
-    "IDENTITY": "eagle3/extract/store_format.py",
+    ("eagle3/target.py", "aux_layers"), ("eagle3/oom.py", "halved_budget"),
+    # one renderer of a run's summary: the number formatter, the engine rows and verdicts, the task outcome;
+    # the content read from a run's files (report.json's and the UI tab's); the texts and tables both pages print
+    ("eagle3/report/summary.py", "fmt_metric headline_rows lossless_text tie_flips run_status"),
+    ("eagle3/report/collect.py", "collect task_results reuse_of task_state_map read_datasets read_training "
+                                 "read_extraction training_curves"),
+    ("eagle3/report/view.py", "sections SECTION_TASKS dataset_columns reuse_lines"),
+    ("eagle3/report/html.py", "render_html"),
+    # the hidden-state store's file rules (writer, reader, online write-back, the report, the storage bench)
+    ("eagle3/extract/store_format.py", "store_key read_indexes resolve_store_dir is_index_name IDENTITY"),
     # the TTT defaults, torch-free (train's config and the trainer import them, not eagle3.draft.ttt)
-    "DEFAULT_TTT_LENGTH": "eagle3/draft/config.py", "DEFAULT_STEP_DECAY": "eagle3/draft/config.py",
-}
-RETIRED = ("sample_id", "_free_port", "_stats_with_table", "_publish_and_say", "_evaluate_and_say", "stage_cli")
+    ("eagle3/draft/config.py", "DEFAULT_TTT_LENGTH DEFAULT_STEP_DECAY"),
+    # the trainer's sample interface (the store reader and the online source implement it)
+    ("eagle3/train/source.py", "SampleSource"),
+    # where greedy outputs first differ (the lossless verdict; eagle3/extract/vllm_states.py keeps a torch
+    # `_first_difference` of its own for now)
+    ("eagle3/evaluate/lossless.py", "first_difference"),
+    # a model folder's tokenizer files (the fingerprint hashes them; the tests' tiny Llamas copy them)
+    ("eagle3/target.py", "TOKENIZER_FILES"), ("tests/tiny_llama.py", "save_random_llama"),
+    # the argv of an `eagle3 <stage>` child (operators) and the benches' way of running one
+    ("operators/supervised.py", "eagle3_cli"), ("bench/stage_process.py", "run_stage"),
+) for name in names.split()}
+RETIRED = ("sample_id", "_free_port", "_stats_with_table", "_publish_and_say", "_evaluate_and_say", "stage_cli",
+           # the report stage's and the UI tab's own readers of a run's files, before eagle3.report.collect
+           "read_acceptance", "_task_results", "_reuse", "_read_json", "dataset_rows", "store_dir")
 
 
 @pytest.mark.parametrize("name, owner", sorted(OWNERS.items()))
@@ -83,14 +96,37 @@ def test_retired_copies_stay_gone():
     (r"""dtype=["']<i4["']\)\.tobytes\(\)""", "eagle3/datasets/samples.py"),  # the content hash's bytes
     (r"\bOFFSET_BYTES \*", "eagle3/storage_options.py"),  # offsets are priced by the formula only
     (r"""["']bing["']""", "eagle3/datasets/records.py"),  # role aliases
-    (r"sha256_file\(.*\)\)? *!= *\w", None),  # a digest compared by hand: storage.check_sha256 does it
+    (r"sha256_(file|bytes)\(.*\)\)? *!= *\w", None),  # a digest compared by hand: storage.sha256_problem does it
     (r"(budget|tokens|micro\w*) // 2\b", "eagle3/oom.py"),  # halving a token budget after an OOM
     (r"(?m)^[^#\n]*\b0\.8 \*\*", None),
     (r":,\.4g\}", "eagle3/report/summary.py"),  # 4 significant digits: the one number formatter
     (r"""f?["'](index|shard|adapt)-(\{|["'])""", "eagle3/extract/store_format.py"),  # the store's file names
     (r"""["']store\.json["']""", "eagle3/extract/store_format.py"),  # the store's identity file
     (r"ttt_length: int = \d", None),  # the TTT length default is DEFAULT_TTT_LENGTH
+    (r"""["']-m["'], *["']eagle3\.cli["']""", "operators/supervised.py"),  # an `eagle3 <stage>` child's argv
 ])
 def test_a_formula_is_written_once(pattern, owner):
-    places = [str(p.relative_to(REPO)) for p in _files(CODE) if re.search(pattern, p.read_text())]
+    places = [str(p.relative_to(REPO)) for p in _files(CODE + ("bench",)) if re.search(pattern, p.read_text())]
     assert places == ([owner] if owner else []), places
+
+
+def test_the_tokenizer_files_are_named_once():
+    """Which files of a model folder are its tokenizer: eagle3.target.TOKENIZER_FILES (tests copy them through
+    tests/tiny_llama.py)."""
+    places = [str(p.relative_to(REPO)) for p in _files()
+              if re.search(r"""startswith\(["']tokenizer["']\)|["']special_tokens_map\.json["']""", p.read_text())]
+    assert places == ["eagle3/target.py"], places
+
+
+def test_both_report_pages_print_what_eagle3_report_view_formats():
+    """report.html and the UI's template lay out eagle3.report.view's cells and texts: neither formats a figure
+    itself, so the same run reads the same on both (tests/plugins/test_one_renderer.py compares the pages)."""
+    formatting = [str(p.relative_to(REPO)) for p in _files(CODE) if re.search(r"\bfmt(_metric)?\(", p.read_text())]
+    assert formatting == ["eagle3/report/summary.py", "eagle3/report/view.py"], formatting
+    template = (REPO / "plugins" / "eagle3_report" / "templates" / "report.html.j2").read_text()
+    assert re.findall(r"\|\s*(?:fmt|format|round)\b|%\.?\d*[dfg]", template) == []
+    # the run's files are read by eagle3.report.collect, not by the page or the renderer
+    readers = [str(p.relative_to(REPO)) for p in _files(("plugins", "eagle3/report"))
+               if re.search(r"""["'](publish|verify|sglang_report|stats_table)\.json["']|read_metrics\(""",
+                            p.read_text())]
+    assert readers == ["eagle3/report/collect.py"], readers

@@ -89,7 +89,8 @@ def write_run(root: Path, dag_id: str = DAG_ID, run_id: str = RUN_ID) -> Path:
     (run / "run_summary.json").write_text(json.dumps({
         "schema": RUN_SUMMARY_SCHEMA, "dag_id": dag_id, "run_id": run_id, "root": str(root),
         "paths": RunLayout(str(root), dag_id, run_id).paths(),
-        "tasks": {"stats": {"datasets": 2}, "tokenize": [{"datasets": {"arithmetic": {"reused": True}}}],
+        "tasks": {"stats": {"datasets": 2}, "tokenize": [{"datasets": {"arithmetic": {"reused": True}}},
+                               {"datasets": {"long_agent": {"reused": False}}}],
                   "extract": [{"samples_extracted": 495, "samples_skipped": 100, "tokens": 49_500},
                               {"samples_extracted": 300, "samples_skipped": 95, "tokens": 30_000}]},
         "reused": {"tokenize": {"arithmetic": "reused", "long_agent": "tokenized"},

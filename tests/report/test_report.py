@@ -45,7 +45,7 @@ def test_full_report(tmp_path):
     for name in summary["plots"]:
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
     written = json.loads((out / "report.json").read_text())
-    shares = {r["dataset"]: (r["sample_share"], r["token_share"]) for r in written["datasets"]}
+    shares = {r["dataset"]: (r["sample_share"], r["token_share"]) for r in written["datasets"]["rows"]}
     assert shares["code"] == (0.1, 0.6) and shares["chat"] == (0.9, 0.4)
     assert written["comparison"]["previous_tau"] == 2.1 and written["comparison"]["sim_tau"] == 1.59
     assert written["acceptance_length"] == 1.8 and written["lossless"] is True
@@ -67,7 +67,7 @@ def test_report_with_nothing_but_a_checkpoint(tmp_path):
     written = write_report(str(tmp_path / "out"), checkpoint=run + "/checkpoint")
     assert written["plots"] == ["training.png"]
     assert len(written["missing"]) == 3 and written["acceptance_length"] is None
-    assert "No evaluation yet" in (tmp_path / "out" / "report.html").read_text()
+    assert "Acceptance not yet available (eval/report.json missing)." in (tmp_path / "out" / "report.html").read_text()
 
 
 def test_report_of_an_empty_run_still_renders(tmp_path):

@@ -3,37 +3,10 @@ verdict per engine (evaluate's lossless_verdict text when it has one), and HTML 
 
 from __future__ import annotations
 
+from eagle3.report.collect import acceptance
 from eagle3.report.html import render_html
 from eagle3.report.summary import headline_rows, lossless_text, run_status
-
-
-def _eval_report() -> dict:
-    """An evaluate report.json of two engines (the shape of eagle3.evaluate.compare.combine)."""
-    sets = {"humaneval": {"acceptance_length": 1.86, "accept_rate_by_position": [0.48, 0.49, 0.62],
-                          "tokens_per_s_spec": 19.2, "tokens_per_s_base": 21.1, "speedup": 0.91, "num_prompts": 5,
-                          "lossless_prompts": 5},
-            "chat": {"acceptance_length": 1.12, "accept_rate_by_position": [0.11, 0.11, 0.0],
-                     "tokens_per_s_spec": 11.5, "tokens_per_s_base": 21.3, "speedup": 0.54, "num_prompts": 5,
-                     "lossless_prompts": 4}}
-    return {**sets["humaneval"], "backend": "transformers", "sets": sets, "set_order": ["humaneval", "chat"],
-            "primary_set": "humaneval", "steps": 3, "max_new_tokens": 64, "lossless": False, "device": "cpu",
-            "precision": {"name": "bfloat16"},
-            "engines": {"transformers": {"tau": 1.86, "tau_interval": [1.55, 2.26], "accept_rate_by_position":
-                                         [0.48, 0.49, 0.62], "tokens_per_s_spec": 19.2, "tokens_per_s_base": 21.1,
-                                         "speedup": 0.91, "lossless": True, "prompts": 5, "precision": "bfloat16",
-                                         "lossless_verdict": {
-                                             "text": "exact up to 2 tie flips (bf16)", "passed": True,
-                                             "precision": "bfloat16", "failed": [],
-                                             "tie_flips": [{"id": "HumanEval/0", "position": 29, "margin_fp32": -0.16893,
-                                                            "tolerance": 0.50221},
-                                                           {"id": "HumanEval/7", "position": 37, "margin_fp32": 0.023,
-                                                            "tolerance": 0.3505}]}},
-                        "vllm": {"tau": 1.86, "tau_interval": [1.55, 2.26], "accept_rate_by_position": [0.48, 0.49, 0.62],
-                                 "tokens_per_s_spec": 25.3, "tokens_per_s_base": 15.4, "speedup": 1.64,
-                                 "lossless": True, "prompts": 5, "precision": "bfloat16"}},
-            "engine_order": ["transformers", "vllm"],
-            "agreement": {"vllm": {"agree": True, "against": "transformers", "same_greedy_output": 5,
-                                   "prompts_compared": 5, "tau": {"difference": 0.0, "interval": [-0.1, 0.1]}}}}
+from tests.report.eval_reports import two_engine_report as _eval_report
 
 
 def test_headline_rows_pair_each_tau_with_its_own_engine_and_set():
@@ -60,8 +33,8 @@ def test_report_html_escapes_artifact_text_once_and_never_its_own_markup():
                          {"task_id": "outcome", "map_index": -1, "state": "failed"}],
                         {("evaluate", -1): {"error": "GateFailed", "lines": ["vllm: differs <b>here</b>"]}})
     assert [f["task"] for f in status["failed"]] == ["evaluate"]  # outcome is the verdict, not one more failure
-    page = render_html({"title": "t", "created_at": "2026-12-01T10:00:00Z", "evaluate": ev, "status": status,
-                        "comparison": {"sim_tau": 2.44}}, {})
+    page = render_html({"title": "t", "created_at": "2026-12-01T10:00:00Z", "acceptance": acceptance(ev),
+                        "status": status}, {})
     assert '<span class="ok">exact up to 2 tie flips (bf16)</span>' in page
     assert '<span class="bad">FAILED</span>' in page and "&lt;span" not in page
     assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page

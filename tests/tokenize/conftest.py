@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "config.json")
+from eagle3.target import TOKENIZER_FILES
+
+_FILES = (*TOKENIZER_FILES, "config.json")
 
 
 @pytest.fixture(scope="session")

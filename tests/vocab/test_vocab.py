@@ -90,3 +90,20 @@ def test_cli_vocab(tmp_path, counted, capsys):
     info = json.loads((tmp_path / "v" / "vocab.json").read_text())
     assert info["cache_key_inputs"]["draft_vocab_size"] == 2 and info["cache_key_inputs"]["content_hash"]
     assert (load_vocab(str(tmp_path / "v"))[0] + np.arange(2)).tolist() == [10, 40]
+
+
+def test_a_changed_map_is_refused_naming_both_digests(tmp_path, counted):
+    """load_vocab checks vocab.safetensors against vocab.json's sha256 (eagle3.storage.sha256_problem)."""
+    import hashlib
+
+    out = tmp_path / "v"
+    vocab(VocabConfig(merged=counted, out=str(out), draft_vocab_size=3, vocab_size=V))
+    want = json.loads((out / "vocab.json").read_text())["checksums"]["vocab.safetensors"]
+    data = bytearray((out / "vocab.safetensors").read_bytes())
+    data[-1] ^= 1
+    (out / "vocab.safetensors").write_bytes(bytes(data))
+    with pytest.raises(InputError) as info:
+        load_vocab(str(out))
+    got = hashlib.sha256(bytes(data)).hexdigest()
+    assert str(info.value) == (f"{out / 'vocab.safetensors'}: sha256 {got} differs from vocab.json's {want}: the file "
+                               "changed after it was written; rebuild it with `eagle3 vocab --force`")
