@@ -77,8 +77,8 @@ def run_inputs(run: str) -> dict:
     variant = json.load(open(os.path.join(ckpt_dir, checkpoint.CONFIG_FILE))).get("variant", "eagle3")
     store = None
     if tc.get("store") and not tc.get("online"):
-        store_dir = resolve_store_dir(tc["store"], store_key_of(from_dict(TrainConfig, tc)))
-        store = json.load(open(os.path.join(store_dir, STORE_JSON)))
+        folder = resolve_store_dir(tc["store"], store_key_of(from_dict(TrainConfig, tc)))
+        store = json.load(open(os.path.join(folder, STORE_JSON)))
     # The engines that computed the trained samples' states (a re-run reuses what another engine stored).
     engines = json.load(open(layout.task_result("train"))).get("engines") or {}
     return {"layout": layout, "train_config": tc, "steps": steps, "warmup": warmup, "seed": int(tc["seed"]),
