@@ -63,8 +63,8 @@ DEFAULT_MANIFEST = os.environ.get("EAGLE3_MANIFEST", demo.manifest_path(layout.d
 TRAIN_GPUS = int(os.environ.get("EAGLE3_TRAIN_GPUS", "1"))  # pool_slots of train; ≤ pool size
 # GPUs the target's forward needs: online training runs it inside the train task, so train holds that many too
 TARGET_GPUS = int(os.environ.get("EAGLE3_TARGET_GPUS", "1"))
-# Online training from a vLLM server (target_engine=vllm): the server's own GPUs, held by train on top of the
-# trainer's (pool slots are fixed at parse time, so a deployment that trains online from vLLM sets this).
+# Online training from a server (target_engine=vllm or sglang): its own GPUs, held by train on top of the
+# trainer's (pool slots are fixed at parse time, so a deployment that trains online from a server sets this).
 TARGET_SERVER_GPUS = int(os.environ.get("EAGLE3_TARGET_SERVER_GPUS", "0"))
 TRAIN_SLOTS = TRAIN_GPUS + TARGET_SERVER_GPUS if TARGET_SERVER_GPUS else max(TRAIN_GPUS, TARGET_GPUS)
 RETRIES = int(os.environ.get("EAGLE3_RETRIES", "2"))
@@ -144,15 +144,18 @@ PARAMS = form_params({
     "extract_token_budget": config_param(ExtractConfig, "token_budget", minimum=64, title="Extraction token budget"),
     "target_engine": config_param(ExtractConfig, "engine", enum=list(EXTRACT_ENGINES), title="Target engine",
                                   description="What runs the target for extract, and for train when it trains "
-                                              "online: transformers in the task, or a vLLM server the task starts "
-                                              "(online: set EAGLE3_TARGET_SERVER_GPUS so train holds its slots).",
+                                              "online: transformers in the task, or a vLLM or SGLang server the "
+                                              "task starts (online: set EAGLE3_TARGET_SERVER_GPUS so train holds "
+                                              "its slots). SGLang fills storage_option fp8-topk only and is "
+                                              "untested against a real SGLang (docs/extract.md).",
                                   values_display={"transformers": "transformers (in the task)",
-                                                  "vllm": "vLLM (a server the task starts)"}),
+                                                  "vllm": "vLLM (a server the task starts)",
+                                                  "sglang": "SGLang (a server the task starts; fp8-topk; untested)"}),
     "target_tensor_parallel_size": config_param(
         ExtractConfig, "tensor_parallel_size", minimum=1, maximum=1024, title="Extraction tensor parallel size",
-        description="vLLM engine only: GPUs that split every layer of the target (vLLM's --tensor-parallel-size). "
-                    "Set EAGLE3_TARGET_GPUS to the same count on the DAG processor, so extract holds that many "
-                    "slots of pool gpu."),
+        description="vLLM and SGLang engines only: GPUs that split every layer of the target (vLLM's "
+                    "--tensor-parallel-size, SGLang's --tp-size). Set EAGLE3_TARGET_GPUS to the same count on the "
+                    "DAG processor, so extract holds that many slots of pool gpu."),
     "train_token_budget": config_param(
         TrainConfig, "token_budget", minimum=64, title="Training token budget",
         description="The most padded tokens per training micro-batch: the verify gate predicts the device's "
@@ -305,7 +308,7 @@ def eagle3_train():
                 "draft_variant": "{{ params.draft_variant }}", "draft_window": "{{ params.draft_window }}",
                 "train_time_budget": "{{ params.train_time_budget }}",
                 "online": ONLINE, "write_back": "{{ params.online_write_back and " + ONLINE[3:],
-                # online: the target in target_engine (a vLLM server on its own devices, or in-process)
+                # online: the target in target_engine (a vLLM or SGLang server on its own devices, or in-process)
                 "target_engine": "{{ params.target_engine if " + ONLINE[3:-3] + " else 'transformers' }}",
                 "target_tensor_parallel_size": "{{ params.target_tensor_parallel_size if " + ONLINE[3:-3]
                                                + " else 1 }}"})

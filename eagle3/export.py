@@ -238,6 +238,63 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
     return summary
 
 
+def capture_draft_config(target_config: dict, aux_layers: list[int], tensor_parallel: int = 1):
+    """The DraftConfig of a capture draft (:func:`write_capture_draft`) for a target's config.json dict.
+
+    Only the hidden size (fc maps the target's 3H to H; the embedding is the target's) and the aux layer
+    ids matter; the rest is picked to load anywhere at little cost: 128-wide heads, as many query and
+    key/value heads as a multiple of the tensor parallel size near 8 (SGLang splits heads over its TP
+    ranks; MLA targets' own head widths, e.g. 56, are not attention-kernel sizes), a 128 x tp MLP, a
+    small vocab, and no rope scaling (the draft's predictions are never read)."""
+    import dataclasses
+    import math
+
+    from eagle3.draft.config import DraftConfig
+    from eagle3.target import config_vocab_size
+
+    tp = max(int(tensor_parallel), 1)
+    heads = tp * math.ceil(8 / tp)
+    rope = target_config.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope) if isinstance(rope.get("full_attention"), dict) else rope
+    plain = {**target_config, "rope_scaling": None, "rope_parameters": None,
+             "rope_theta": target_config.get("rope_theta", rope.get("rope_theta", 10000.0))}
+    vd = min(config_vocab_size(target_config, "target config.json"), CAPTURE_DRAFT_VOCAB)
+    cfg = DraftConfig.from_target(plain, vd, aux_layer_ids=list(aux_layers))
+    return dataclasses.replace(cfg, num_attention_heads=heads, num_key_value_heads=heads, head_dim=128,
+                               intermediate_size=128 * tp)
+
+
+def write_capture_draft(target_config: dict, aux_layers: list[int], out: str, tensor_parallel: int = 1) -> dict:
+    """Write a draft folder (this export's format, all weights zero, d2t the identity) whose only job is to
+    make SGLang capture ``aux_layers`` when it serves the target as this draft's target: SGLang reads
+    ``eagle_config.eagle_aux_hidden_state_layer_ids`` from the draft and captures the output of each layer
+    listed (the sglang extract engine, eagle3/extract/sglang_engine.py). Built from the target's config.json
+    alone: no target weight is read. Returns the written tensors' shapes."""
+    import os
+
+    import torch
+
+    from eagle3.draft.model import Eagle3Draft
+    from eagle3.extract.store import save_safetensors
+
+    cfg = capture_draft_config(target_config, aux_layers, tensor_parallel)
+    v, vd, h = cfg.vocab_size, cfg.draft_vocab_size, cfg.hidden_size
+    with torch.device("meta"):  # the draft module owns the tensor shapes; nothing is allocated here
+        shapes = {k: t.shape for k, t in Eagle3Draft(cfg, torch.empty(v, h), torch.zeros(vd, dtype=torch.int64),
+                                                     torch.zeros(v, dtype=torch.bool)).state_dict().items()}
+    state = {k: torch.zeros(shape, dtype=torch.bfloat16) for k, shape in shapes.items()}
+    state["d2t"], state["t2d"] = torch.zeros(vd, dtype=torch.int64), torch.arange(v) < vd
+    tensors = export_tensors(state, "bfloat16", out, cfg.variant)
+    os.makedirs(out, exist_ok=True)
+    save_safetensors(tensors, os.path.join(out, "model.safetensors"), {"format": "pt", "source": "capture draft"})
+    storage.write_json(os.path.join(out, "config.json"), draft_config_json(cfg, "bfloat16"))
+    return {k: list(t.shape) for k, t in tensors.items()}
+
+
+CAPTURE_DRAFT_VOCAB = 1024
+"""Rows of a capture draft's lm_head (at most the target's vocab): SGLang drafts from it, nobody reads it."""
+
+
 CHECKSUMS = "checksums.json"
 """{file: sha256} of an exported draft's weights; engines ignore it, evaluate checks it (:func:`check_draft`)."""
 

@@ -16,7 +16,7 @@ the blockwise attention's O(T) cost is in them: it saves q, k, v, the output and
 
 Extraction: the target's weights (by dtype or quantization, split over tensor x pipeline parallel ranks) plus
 the forward's activations for the token budget (hidden streams, the MLP's inner width, the captured aux/last
-and, for the top-k storage, the [N, V] logits); the vllm engine also reserves one max_seq_len sample's KV cache.
+and, for the top-k storage, the [N, V] logits); a served engine (vllm, sglang) also reserves one max_seq_len sample's KV cache.
 """
 
 from __future__ import annotations
@@ -199,21 +199,25 @@ def extraction_peak(config: dict, token_budget: int, engine: str = "transformers
                     max_seq_len: int = 0) -> dict:
     """Predicted peak bytes per device of an extraction forward over ``token_budget`` tokens.
 
-    transformers: the whole target on one device (no parallelism). vllm: weights split over
-    tensor x pipeline ranks, activations over the tensor ranks, plus one max_seq_len sample's KV cache."""
+    transformers: the whole target on one device (no parallelism). vllm, sglang (a server,
+    eagle3.extract.config.SERVED_ENGINES): weights split over tensor x pipeline ranks, activations over the
+    tensor ranks, plus one max_seq_len sample's KV cache."""
+    from eagle3.extract.config import SERVED_ENGINES
+
     h = int(config["hidden_size"])
     inner = int(config.get("moe_intermediate_size") or config["intermediate_size"])
     inner *= int(config.get("num_experts_per_tok") or 1)
     v = int(config.get("vocab_size") or 0)
-    ranks = tensor_parallel * pipeline_parallel if engine == "vllm" else 1
+    served = engine in SERVED_ENGINES
+    ranks = tensor_parallel * pipeline_parallel if served else 1
     w = target_weight_bytes(config, precision if engine == "transformers" else None)
     act_dtype = 4 if precision == "float32" else 2
     # Per token: residual stream, norm output, attention in/out (4 H), the MLP's gate/up/act (3 x inner),
     # the captured aux + last (4 H, fp32 copies), and the top-k storage's fp32 logits over V.
-    per_token = act_dtype * (4 * h + 3 * inner) / (tensor_parallel if engine == "vllm" else 1) + 16 * h
+    per_token = act_dtype * (4 * h + 3 * inner) / (tensor_parallel if served else 1) + 16 * h
     per_token += 4 * v if topk_logits else 0
     parts = {"weights": w["bytes"] // ranks, "activations": int(per_token * token_budget)}
-    if engine == "vllm":
+    if served:
         layers = int(config["num_hidden_layers"])
         nkv = int(config.get("num_key_value_heads") or config["num_attention_heads"])
         hd = int(config.get("head_dim") or h // int(config["num_attention_heads"]))
@@ -226,7 +230,8 @@ def extraction_peak(config: dict, token_budget: int, engine: str = "transformers
 
 def min_tensor_parallel(config: dict, memory: int, token_budget: int, max_seq_len: int,
                         topk_logits: bool = False, most: int = 64) -> int | None:
-    """The smallest power-of-two tensor parallel size at which vLLM's extraction fits ``memory`` per device."""
+    """The smallest power-of-two tensor parallel size at which a served engine's extraction fits ``memory`` per
+    device."""
     tp = 1
     while tp <= most:
         if extraction_peak(config, token_budget, "vllm", tp, 1, topk_logits=topk_logits,

@@ -157,7 +157,9 @@ saved, and a re-run continues with it.
   eagle3 extract --merged MERGED --model smollm2-135m-instruct --out STORE --shard 0/4
 
 --engine vllm serves the target with vLLM in hidden-state extraction mode instead (the same store; with
---tensor-parallel-size etc. for targets transformers cannot hold; see docs/extract.md)."""),
+--tensor-parallel-size etc. for targets transformers cannot hold; see docs/extract.md). --engine sglang
+serves it with SGLang as the target of a capture draft (--storage fp8-topk only; untested against a real
+SGLang)."""),
     Stage("train", "train the EAGLE-3 draft with training-time test", "TrainConfig", subprocess=True,
           aliases={"model": ("--target",)},
           choices={"init": "eagle3.train.config:INIT_CHOICES", "precision": _PRECISION,
@@ -171,7 +173,8 @@ twice the accumulation; re-run the same command to resume).
 
 Online: `eagle3 train --online --merged MERGED --model T [--store STORE] ...` runs the target inside
 training (samples the store lacks are computed per micro-batch; --write-back stores them);
-`--target-engine vllm` gets them from a vLLM server this run starts, prefetched in the background.
+`--target-engine vllm` (or `sglang`, with --storage fp8-topk) gets them from a server this run starts,
+prefetched in the background.
 
 Data-parallel: `eagle3 train --nproc N ...` launches torchrun itself and keeps the exit codes above (torchrun
 alone exits 1 whatever its workers' codes); `python -m torch.distributed.run --nproc_per_node N -m

@@ -27,7 +27,6 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
-import os
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from eagle3 import storage
 from eagle3.errors import Eagle3Error, GateFailed, InputError
 from eagle3.serving import ServerPhases, free_port
 from eagle3.serving.process import http_request
+from eagle3.serving.sglang import default_module
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def from_evaluate_config(cfg) -> SGLangBenchConfig:
                              num_steps=cfg.steps, num_draft_tokens=cfg.steps + 1, limit=cfg.limit,
                              max_new_tokens=cfg.max_new_tokens, tp=cfg.tp,
                              gpus=list(cfg.gpus) if cfg.gpus else None, port=cfg.port or free_port(),
-                             module=os.environ.get("EAGLE3_SGLANG_MODULE", "sglang.launch_server"))
+                             module=default_module())
 
 
 def sglang_benchmark(cfg: SGLangBenchConfig) -> dict:

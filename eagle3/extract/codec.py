@@ -7,6 +7,11 @@ exactly those tensors and back. fp8 scales are per token and aux layer:
 are the log-softmax over the FULL vocab, best first, not renormalized (the rest of
 the distribution is not kept).
 
+The target side comes to :func:`encode` either as ``last`` (the final-norm state; top-k
+log-probs are then computed here through the lm_head) or, from an engine that returns the
+distribution itself (the sglang engine), as :class:`TopK`: the same K best log-probs, which
+must be normalised over the full vocab as log_softmax does; they are stored as they come.
+
 The reader decodes: ``aux`` always comes back as a float tensor [T, 3H]; the
 target side comes back as ``last`` [T, H] (``bf16``/``fp8``) or as ``topk_ids``
 + ``topk_logprobs`` (``fp8-topk``). :func:`target_logprobs` turns either into
@@ -17,7 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from eagle3.storage_options import TOPK, option
+from dataclasses import dataclass
+
+from eagle3.storage_options import NUM_AUX, TOPK, option
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -42,14 +49,27 @@ def _quantize_groups(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.
     return q.reshape(t, d), scale.reshape(t, groups)
 
 
-def encode(storage: str, aux: torch.Tensor, last: torch.Tensor, lm_head=None, topk: int = TOPK) -> dict:
+@dataclass(frozen=True)
+class TopK:
+    """The target's K best next-token log-probs per token, ready-made by the engine: ``ids`` [T, K] (target
+    vocab ids) and ``logprobs`` [T, K] (log-softmax over the full vocab, best first). What ``fp8-topk``
+    stores, in place of ``last``."""
+
+    ids: torch.Tensor
+    logprobs: torch.Tensor
+
+
+def encode(storage: str, aux: torch.Tensor, last, lm_head=None, topk: int = TOPK) -> dict:
     """Per-token features of real (non-padding) tokens -> CPU tensors of one option.
 
-    aux: [T, 3H] float (any device); last: [T, H] final-norm hidden state;
-    lm_head: callable [T, H] -> [T, V] logits, needed by ``fp8-topk`` only.
+    aux: [T, 3H] float (any device); last: [T, H] final-norm hidden state, or a :class:`TopK` (fp8-topk only);
+    lm_head: callable [T, H] -> [T, V] logits, needed by ``fp8-topk`` from ``last`` only.
     """
     option(storage)
-    n_aux = aux.shape[-1] // last.shape[-1]
+    if isinstance(last, TopK) and storage != "fp8-topk":
+        raise ValueError(f"storage {storage!r} stores the final-norm state `last`; an engine that returns top-k "
+                         "log-probs instead (TopK) fills fp8-topk stores only")
+    n_aux = NUM_AUX
     if storage == "bf16":
         return {"aux": aux.to(torch.bfloat16).cpu(), "last": last.to(torch.bfloat16).cpu()}
     aux_q, aux_scale = _quantize_groups(aux, n_aux)
@@ -57,6 +77,12 @@ def encode(storage: str, aux: torch.Tensor, last: torch.Tensor, lm_head=None, to
     if storage == "fp8":
         last_q, last_scale = _quantize(last)
         out.update(last=last_q.cpu(), last_scale=last_scale.cpu())
+        return out
+    if isinstance(last, TopK):
+        if tuple(last.ids.shape) != (aux.shape[0], topk) or last.logprobs.shape != last.ids.shape:
+            raise ValueError(f"top-k of shape {list(last.ids.shape)} / {list(last.logprobs.shape)} for "
+                             f"{aux.shape[0]} tokens; fp8-topk stores [tokens, {topk}]")
+        out.update(topk_ids=last.ids.to(torch.int32).cpu(), topk_logprobs=last.logprobs.to(torch.float16).cpu())
         return out
     if lm_head is None:
         raise ValueError("storage 'fp8-topk' needs the target's lm_head to compute top-k log-probs")

@@ -9,8 +9,23 @@ from eagle3.devices import check_device, check_precision
 from eagle3.errors import InputError
 from eagle3.extract.plan import parse_shard
 
-ENGINES = ("transformers", "vllm")
+ENGINES = ("transformers", "vllm", "sglang")
 """What runs the target's forward (``ExtractConfig.engine``)."""
+SERVED_ENGINES = ("vllm", "sglang")
+"""Engines whose target is a server the task starts on GPUs of its own (tensor/data parallel, quantization)."""
+TOPK_ONLY_ENGINES = ("sglang",)
+"""Engines that hand over the target's top-k log-probs instead of the final-norm state: fp8-topk stores only."""
+
+
+def check_engine_storage(engine: str, storage: str, engine_key: str, storage_key: str) -> None:
+    """Refuse a storage option ``engine`` cannot fill (InputError naming both settings and the fix)."""
+    if engine in TOPK_ONLY_ENGINES and storage_options.option(storage).target != "topk":
+        topk = next(n for n, o in storage_options.OPTIONS.items() if o.target == "topk")
+        raise InputError(
+            f"{storage_key}={storage!r} cannot be filled by {engine_key}={engine!r}: SGLang's /generate returns "
+            f"the aux layers and the target's top-k log-probs, not the final-norm state `last` that {storage!r} "
+            f"stores; use storage {topk!r} (DAG Param storage_option, CLI --storage), or engine 'vllm' "
+            "(DAG Param target_engine)")
 
 
 @dataclass(frozen=True)
@@ -47,24 +62,28 @@ class ExtractConfig:
     """On CPU, run plain Llama targets through eagle3.extract.lean_llama (same numbers, faster);
     False: always the transformers forward."""
     engine: str = "transformers"
-    """What runs the target's forward: ``transformers`` (in this process) or ``vllm`` (a vLLM server in
-    hidden-state extraction mode, started and stopped by this task; for targets transformers cannot hold).
-    The store is the same either way; store.json and each shard's index entry name the engine."""
+    """What runs the target's forward: ``transformers`` (in this process), ``vllm`` (a vLLM server in
+    hidden-state extraction mode) or ``sglang`` (an SGLang server serving the target of an EAGLE-3 draft;
+    fp8-topk stores only, untested against a real SGLang); the servers are started and stopped by this task,
+    for targets transformers cannot hold. The store is the same either way; store.json and each shard's index
+    entry name the engine."""
     tensor_parallel_size: int = 1
-    """vllm engine: GPUs that split every layer of one replica (vLLM's --tensor-parallel-size)."""
+    """vllm and sglang engines: GPUs that split every layer of one replica (vLLM's --tensor-parallel-size,
+    SGLang's --tp-size)."""
     pipeline_parallel_size: int = 1
-    """vllm engine: stages the layers are split into, one GPU group each (--pipeline-parallel-size)."""
+    """vllm engine: stages the layers are split into, one GPU group each (--pipeline-parallel-size). SGLang
+    captures EAGLE-3 aux states on its last stage only, so the sglang engine refuses it."""
     data_parallel_size: int = 1
-    """vllm engine: replicas, each serving part of the requests (--data-parallel-size). The task leases
-    tensor x pipeline x data parallel GPUs."""
+    """vllm and sglang engines: replicas, each serving part of the requests (--data-parallel-size,
+    --dp-size). The task leases tensor x pipeline x data parallel GPUs."""
     quantization: str | None = None
-    """vllm engine: vLLM's --quantization (e.g. fp8); None: as the checkpoint is. The stored states are then
-    the quantized target's."""
+    """vllm and sglang engines: the server's --quantization (e.g. fp8); None: as the checkpoint is. The stored
+    states are then the quantized target's."""
     server_args: tuple[str, ...] = ()
-    """vllm engine: more flags for its server, e.g. ("--gpu-memory-utilization", "0.9"); on the command line
-    ``--server-args=--gpu-memory-utilization,0.9``."""
+    """vllm and sglang engines: more flags for the server, e.g. ("--gpu-memory-utilization", "0.9"); on the
+    command line ``--server-args=--gpu-memory-utilization,0.9``."""
     requests_in_flight: int = 64
-    """vllm engine: samples sent at once (one request each; vLLM batches them)."""
+    """vllm and sglang engines: samples sent at once (one request each; the server batches them)."""
 
     def __post_init__(self):
         if self.layers is not None:
@@ -84,12 +103,19 @@ class ExtractConfig:
         object.__setattr__(self, "server_args", tuple(str(a) for a in self.server_args))
         served = {k: v for k, v in {**sizes, "quantization": self.quantization, "server_args": self.server_args}.items()
                   if k != "requests_in_flight" and v not in (1, None, ())}
-        if self.engine != "vllm" and served:
+        if self.engine not in SERVED_ENGINES and served:
             raise InputError(f"ExtractConfig: {', '.join(f'{k}={v!r}' for k, v in served.items())} only apply to "
-                             "engine='vllm' (the transformers engine runs on one device); set engine='vllm' or drop them")
+                             "engine='vllm' or engine='sglang' (the transformers engine runs on one device); set "
+                             "one of them or drop these settings")
+        if self.engine == "sglang" and self.pipeline_parallel_size > 1:
+            raise InputError(f"ExtractConfig.pipeline_parallel_size={self.pipeline_parallel_size} with "
+                             "engine='sglang': SGLang captures EAGLE-3 aux states on its last pipeline stage only "
+                             "(set_eagle3_layers_to_capture), so earlier stages' layers would be missing; use "
+                             "tensor_parallel_size, or engine='vllm'")
+        check_engine_storage(self.engine, self.storage, "ExtractConfig.engine", "ExtractConfig.storage")
 
     def gpus(self) -> int:
         """GPUs one task of this config holds (leased when it runs on CUDA)."""
-        if self.engine != "vllm":
+        if self.engine not in SERVED_ENGINES:
             return 1
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size

@@ -9,8 +9,8 @@ extracts shard by shard; each shard is published atomically and then added to
 (never below one sample of the longest length: eagle3.oom.halved_budget),
 writes it to ``adapt-<task>.json`` and raises GpuOutOfMemory; the next run
 starts from that budget. The forward is ``engine``'s: transformers in this
-process (eagle3.extract.capture) or a vLLM server the task starts and stops
-(eagle3.extract.vllm_engine); everything else is the same for both.
+process (eagle3.extract.capture), or a vLLM or SGLang server the task starts and
+stops (eagle3.extract.served); everything else is the same for all of them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 
 from eagle3 import storage as st
 from eagle3 import storage_options
-from eagle3.extract.config import ExtractConfig
+from eagle3.extract.config import SERVED_ENGINES, ExtractConfig
 from eagle3.errors import GpuOutOfMemory, InputError
 from eagle3.extract import codec
 from eagle3.extract.plan import (Sample, cut_batches, cut_shards, in_task, order, padding_share, parse_shard,
@@ -100,8 +100,8 @@ def run(cfg: ExtractConfig) -> dict:
     from eagle3.devices import lease_device, resolve_device
 
     device = resolve_device(cfg.device)
-    # "cuda" leases free GPUs (one, or the vllm engine's parallel sizes' product); an explicit "cuda:N" is the
-    # caller's choice and takes no lease. vLLM's server inherits the lease's CUDA_VISIBLE_DEVICES.
+    # "cuda" leases free GPUs (one, or a served engine's parallel sizes' product); an explicit "cuda:N" is the
+    # caller's choice and takes no lease. the server inherits the lease's CUDA_VISIBLE_DEVICES.
     with lease_device(cfg.gpus() if device == "cuda" else 0, root=cfg.lease_root) as leased:
         if device == "cuda" and leased != "cpu":
             import torch
@@ -117,10 +117,10 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
     task = task_name(index, count)
     merged, tokens = read_merged(cfg.merged)
     mine = [s for s in merged if in_task(s.id, index, count)]
-    if cfg.engine == "vllm":  # the target served by vLLM (eagle3.extract.vllm_engine); stopped on every exit
-        from eagle3.extract.vllm_engine import VLLMCapture
+    if cfg.engine in SERVED_ENGINES:  # a server this task starts (eagle3.extract.served); stopped on every exit
+        from eagle3.extract.served import served_capture
 
-        with VLLMCapture(cfg, device, max((s.num_tokens for s in mine), default=1)) as cap:
+        with served_capture(cfg, device, max((s.num_tokens for s in mine), default=1)) as cap:
             return _extract_with(cfg, device, cap, cap.engine, start, task, mine, tokens)
     from eagle3.extract.capture import TargetCapture
 
@@ -138,7 +138,7 @@ def transformers_engine() -> dict:
 
 def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: float, task: str,
                   mine: list[Sample], tokens: MergedTokens) -> dict:
-    """The task's work once its target is ready: ``cap`` runs the forward (TargetCapture or VLLMCapture)."""
+    """The task's work once its target is ready: ``cap`` runs the forward (TargetCapture or a ServedCapture)."""
     from eagle3.errors import is_oom
     from eagle3.oom import halved_budget
     from eagle3.extract.store import StoreWriter
@@ -178,7 +178,7 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
              "padding %.1f%% of %d padded tokens at budget %d; %s forward in %s (%s)", task, len(mine),
              summary["samples_skipped"], len(todo), real, len(shards), 100 * summary["padding_share"], padded,
              budget, cap.forward_path, cap.precision.name, cap.precision.reason)
-    if cfg.engine == "vllm" and named:
+    if cfg.engine in SERVED_ENGINES and named:
         cap.start()  # before the clocks of progress and of the first batch: a start is minutes, not throughput
         summary["server_start_s"] = cap.start_s
     longest = max(lengths_of(mine), default=1)  # the OOM policy's floor: one sample of the longest length
@@ -203,7 +203,7 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
                 if not is_oom(e):
                     raise
                 halved = halved_budget(budget, longest, "merge with a smaller --max-seq-len, or extract with "
-                                       "--engine vllm and tensor parallelism (docs/extract.md)")
+                                       "--engine vllm or sglang and tensor parallelism (docs/extract.md)")
                 _persist_halved_budget(writer.adapt_path(), halved, budget, batch, e)
                 raise GpuOutOfMemory(
                     f"out of memory on a batch of {len(batch)}x{max(lengths_of(batch))} tokens at budget {budget}; "

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from eagle3.errors import Eagle3Error, InputError
+from eagle3.extract.served import check_states
 from eagle3.serving.hidden_states import FORMAT, STATES, TOKENS
 
 
@@ -58,17 +59,14 @@ def read_states(path: str, sample_id: str, input_ids, layer_ids: list[int], hidd
     except (SafetensorError, OSError, ValueError) as e:  # truncated, not safetensors, bad metadata JSON
         raise bad(f"is unreadable ({type(e).__name__}: {e})") from e
     ids = torch.as_tensor(input_ids).long()
-    want = (ids.numel(), len(layer_ids), hidden_size)
-    if tuple(states.shape) != want:
-        raise bad(f"holds {STATES} of shape {list(states.shape)}, not {list(want)} "
-                  "(tokens of the sample, layer ids, hidden size)")
+    # [tokens of the sample, layer ids, hidden size], finite
+    check_states(states, (ids.numel(), len(layer_ids), hidden_size), sample_id,
+                 f"hidden-state file {path} from vLLM", StatesFileError)
     if states.dtype != dtype:
         raise bad(f"holds {states.dtype} states, not {dtype} (the server's --dtype)")
     if tokens.numel() != ids.numel() or not torch.equal(tokens.long().flatten(), ids):
         raise bad(f"is for {tokens.numel()} other tokens than the sample's {ids.numel()} "
                   f"(first differing at {_first_difference(tokens.long().flatten(), ids)})")
-    if not torch.isfinite(states).all():
-        raise bad("holds non-finite values")
     return states
 
 

@@ -258,8 +258,7 @@ def _engine_server(cfg: RegenerateConfig):
                           enforce_eager=device == "cpu", extra_args=[*tp, *cfg.server_args], log_path=log_path)
     from eagle3.serving.sglang import SGLangServer
 
-    return SGLangServer(cfg.model, tp=cfg.server_tp, port=port, extra_args=cfg.server_args,
-                        module=os.environ.get("EAGLE3_SGLANG_MODULE", "sglang.launch_server"), log_path=log_path)
+    return SGLangServer(cfg.model, tp=cfg.server_tp, port=port, extra_args=cfg.server_args, log_path=log_path)
 
 
 @contextlib.contextmanager

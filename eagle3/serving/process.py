@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -33,6 +34,15 @@ from pathlib import Path
 from eagle3.errors import Eagle3Error, InputError
 
 log = logging.getLogger(__name__)
+
+_ERROR_LINE = re.compile(r"\b(\w*(?:Error|Exception)): (.+)$")
+
+
+def last_error_line(log_text: str) -> tuple[str, str] | None:
+    """(exception type, message) of the last ``SomeError: message`` line of a server log (Python tracebacks
+    of vLLM and SGLang end with one), or None."""
+    errors = [m.groups() for m in map(_ERROR_LINE.search, log_text.splitlines()) if m]
+    return errors[-1] if errors else None
 
 
 class ServerFailed(Eagle3Error):
@@ -115,8 +125,10 @@ class ManagedServer:
         return dict(self.env)
 
     def diagnose(self, log_text: str) -> str | None:
-        """What went wrong, read from the server's log (None: nothing recognised)."""
-        return None
+        """What went wrong, read from the server's log: its last error line (None: nothing recognised).
+        Engines may add what it points at (VLLMServer: the draft file and key)."""
+        said = last_error_line(log_text)
+        return f"{self.engine} said: {said[0]}: {said[1].strip()}" if said else None
 
     def start(self):
         if self._external_url or self.proc is not None:

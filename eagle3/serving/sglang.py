@@ -13,7 +13,11 @@ The flags come from SGLang's ``python/sglang/srt/server_args.py``: ``--model-pat
 group ``--speculative-algorithm``, ``--speculative-draft-model-path``, ``--speculative-num-steps``,
 ``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``. SGLang cannot run on this
 machine (no GPU), so the command line and the lifecycle are tested against a fake
-``sglang.launch_server`` module that speaks ``/health``.
+``sglang.launch_server`` module that speaks ``/health`` (``$EAGLE3_SGLANG_MODULE`` names another module
+to run instead of SGLang's, as the tests do).
+
+The sglang extract engine's flags and request (eagle3/extract/sglang_engine.py) are owned here too:
+:data:`HIDDEN_STATE_FLAGS` and :func:`states_request`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,31 @@ _MANAGED_FLAGS = {"--model-path", "--model", "--tp-size", "--tensor-parallel-siz
                   *SPECULATIVE_FLAGS.values()}
 
 
+MODULE_ENV = "EAGLE3_SGLANG_MODULE"
+
+# The sglang extract engine serves the target of an EAGLE-3 draft (only then does SGLang capture the aux
+# layers, set_eagle3_layers_to_capture) with hidden states on in /generate; an answer's prefill entry holds
+# one row per prompt token only when the whole prompt is computed in one forward: no prefix from the radix
+# cache, no chunked prefill (scheduler: the entry is sliced by the prompt's length from that forward's rows).
+HIDDEN_STATE_FLAGS = ("--enable-return-hidden-states", "--disable-radix-cache", "--chunked-prefill-size", "-1")
+
+
+def states_request(input_ids: list[int], top_logprobs: int) -> dict:
+    """The /generate body that returns one sample's aux states and top-k log-probs (io_struct.GenerateReqInput):
+    one greedy token, hidden states, and the top-k of every position from the first (``logprob_start_len``
+    0: ``input_top_logprobs`` then has an entry per prompt token, the first null; the last position's is
+    ``output_top_logprobs[0]``)."""
+    return {"input_ids": [int(t) for t in input_ids],
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+            "return_hidden_states": True, "return_logprob": True, "logprob_start_len": 0,
+            "top_logprobs_num": int(top_logprobs)}
+
+
+def default_module() -> str:
+    """The module run as SGLang's server: ``$EAGLE3_SGLANG_MODULE``, else ``sglang.launch_server``."""
+    return os.environ.get(MODULE_ENV) or "sglang.launch_server"
+
+
 def eagle3_speculative(draft_dir: str, steps: int = 3, topk: int = 1) -> dict:
     """The speculative settings for an EAGLE-3 draft; with topk 1, draft tokens = steps + 1."""
     return {"algorithm": "EAGLE3", "draft_model_path": draft_dir, "num_steps": steps, "eagle_topk": topk,
@@ -53,7 +82,7 @@ class SGLangServer(ManagedServer):
                  extra_args: Sequence[str] = (), speculative: dict | None = None,
                  gpus: Sequence[int] | None = None, log_path: str | None = None,
                  env: dict[str, str] | None = None, python: str | None = None,
-                 module: str = "sglang.launch_server"):
+                 module: str | None = None):
         """``extra_args`` go verbatim after the managed flags (e.g. ``["--mem-fraction-static", "0.8"]``);
         ``gpus`` becomes CUDA_VISIBLE_DEVICES; ``env`` is added to the server's environment;
         ``log_path`` receives the server's stdout and stderr (default: a file in /tmp)."""
@@ -75,7 +104,7 @@ class SGLangServer(ManagedServer):
         self.gpus = None if gpus is None else [int(g) for g in gpus]
         # The GPU image installs SGLang in its own venv (its torch pin differs from ours).
         self.python = python or os.environ.get("EAGLE3_SGLANG_PYTHON") or sys.executable
-        self.module = module
+        self.module = module or default_module()
 
     def command(self) -> list[str]:
         """The exact argv the server is started with."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from eagle3.errors import InputError
-from eagle3.serving.process import ManagedServer
+from eagle3.serving.process import ManagedServer, last_error_line
 
 MODULE = "vllm.entrypoints.openai.api_server"
 CACHE_ROOT = Path.home() / ".cache" / "eagle3" / "vllm"
@@ -33,7 +33,6 @@ _MANAGED_FLAGS = {"--model", "--dtype", "--max-model-len", "--host", "--port", "
 # vLLM's names for the draft's parameters (llama_eagle3.load_weights) -> the export's (eagle3.export).
 _VLLM_TO_EXPORT = {"draft_id_to_target_id": "d2t", "model.layers.0.": "midlayer.", "model.fc": "fc",
                    "model.norm": "norm", "model.embed_tokens": "embed_tokens"}
-_ERROR_LINE = re.compile(r"\b(\w*(?:Error|Exception)): (.+)$")
 
 
 def vllm_python() -> str:
@@ -99,14 +98,10 @@ class VLLMServer(ManagedServer):
 
     def diagnose(self, log_text: str) -> str | None:
         """vLLM's last error line, and the draft file and key it points at when the draft is the cause."""
-        errors = [m.groups() for m in map(_ERROR_LINE.search, log_text.splitlines()) if m]
-        if not errors:
-            return None
-        kind, message = errors[-1]
-        said = f"vLLM said: {kind}: {message.strip()}"
-        if not (self.speculative or {}).get("model"):  # no draft to blame (none, or extraction mode)
+        said = super().diagnose(log_text)
+        if said is None or not (self.speculative or {}).get("model"):  # no draft to blame (none, or extraction)
             return said
-        return said + "\n" + draft_blame(str(self.speculative.get("model")), message)
+        return said + "\n" + draft_blame(str(self.speculative.get("model")), last_error_line(log_text)[1])
 
 
 def draft_blame(draft_dir: str, message: str) -> str:

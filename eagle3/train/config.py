@@ -8,7 +8,7 @@ from eagle3 import storage_options
 from eagle3.config import DEFAULT_SEED
 from eagle3.devices import check_device, check_precision
 from eagle3.draft.config import DEFAULT_DRAFT_VARIANT, DEFAULT_TTT_LENGTH, DRAFT_VARIANTS
-from eagle3.extract.config import ENGINES
+from eagle3.extract.config import ENGINES, check_engine_storage
 from eagle3.errors import InputError
 
 INIT_CHOICES = ("target", "random")
@@ -87,11 +87,12 @@ class TrainConfig:
     """Online mode: also write the samples computed online into the store (shards of task ``online<rank>``),
     so later epochs and later runs read them instead of recomputing them."""
     target_engine: str = "transformers"
-    """Online mode: what runs the target: ``transformers`` (in the training process) or ``vllm`` (a vLLM
+    """Online mode: what runs the target: ``transformers`` (in the training process), ``vllm`` (a vLLM
     server in hidden-state extraction mode on its own devices, started and stopped by this run, as
-    ``eagle3 extract --engine vllm`` does)."""
+    ``eagle3 extract --engine vllm`` does) or ``sglang`` (an SGLang server, as ``eagle3 extract --engine
+    sglang`` does; storage fp8-topk only; untested against a real SGLang)."""
     target_tensor_parallel_size: int = 1
-    """Online mode, target_engine vllm: the server's --tensor-parallel-size."""
+    """Online mode, target_engine vllm or sglang: the server's tensor parallel size."""
     prefetch: int = 2
     """Online mode: micro-batches whose target states a background thread computes ahead of the trainer
     (0: compute each when the trainer asks for it)."""
@@ -166,6 +167,8 @@ class TrainConfig:
                              "--online --merged MERGED --model T without a store"))
         if self.target_engine not in ENGINES:
             raise InputError(f"TrainConfig.target_engine={self.target_engine!r}: choose one of {', '.join(ENGINES)}")
+        if self.online:
+            check_engine_storage(self.target_engine, self.storage, "TrainConfig.target_engine", "TrainConfig.storage")
         if not self.online and (self.target_engine != "transformers" or self.target_tensor_parallel_size != 1):
             raise InputError("TrainConfig.target_engine and target_tensor_parallel_size are for online mode "
                              "(offline training reads the store); add --online or drop them")

@@ -13,8 +13,9 @@ With ``write_back`` the computed samples also go into the store (shards of task
 ``online<rank>``, written atomically like extraction's, recording the engine), and are read from
 it afterwards: the first epoch pays the target forward, later epochs and later runs do not.
 
-With ``target_engine`` vllm the target is a vLLM server in extraction mode (the extract stage's
-:class:`eagle3.extract.vllm_engine.VLLMCapture`, disaggregated: its own process and devices), and
+With ``target_engine`` vllm or sglang the target is a server (the extract stage's served engine,
+:mod:`eagle3.extract.served`: vLLM in extraction mode, or SGLang serving the target of a capture draft;
+disaggregated: its own process and devices), and
 a background thread computes the micro-batches the trainer has scheduled (``prefetch`` ahead), so
 the trainer waits only when the server is slower than training. The in-process transformers
 target is not prefetched: it would compete with training for the same device.
@@ -265,7 +266,7 @@ def _store_root(uri: str) -> str:
 
 def open_source(cfg, device: str) -> OnlineSource:
     """The OnlineSource of a TrainConfig with ``online``: the target (in this process on ``device``, or a vLLM
-    server the source starts on first use and stops on ``close``) and what the store holds."""
+    or SGLang server the source starts on first use and stops on ``close``) and what the store holds."""
     from eagle3.extract.stage import read_merged
     from eagle3.extract.store import HiddenStateStore, StoreWriter
     from eagle3.extract.store_format import is_store, store_key
@@ -299,19 +300,21 @@ def open_source(cfg, device: str) -> OnlineSource:
 
 def _target(cfg, device: str, longest: int):
     """(capture, engine record) for ``cfg.target_engine``: TargetCapture in this process, or the extract
-    stage's VLLMCapture (its server starts on the first forward)."""
-    if cfg.target_engine == "vllm":
+    stage's served engine (a vLLM or SGLang server, started on the first forward)."""
+    from eagle3.extract.config import SERVED_ENGINES
+
+    if cfg.target_engine in SERVED_ENGINES:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one server per rank would hold the target N times
-            raise InputError("TrainConfig.target_engine='vllm' trains in one process (one server); with several "
-                             "training processes use target_engine='transformers' or train offline")
+            raise InputError(f"TrainConfig.target_engine={cfg.target_engine!r} trains in one process (one server); "
+                             "with several training processes use target_engine='transformers' or train offline")
         from eagle3.extract.config import ExtractConfig
-        from eagle3.extract.vllm_engine import VLLMCapture
+        from eagle3.extract.served import served_capture
 
         ecfg = ExtractConfig(merged=cfg.merged, model=cfg.model, out=cfg.store or "online", layers=cfg.layers,
                              storage=cfg.storage, device="cuda" if device.startswith("cuda") else "cpu",
-                             precision=cfg.precision, engine="vllm",
+                             precision=cfg.precision, engine=cfg.target_engine,
                              tensor_parallel_size=cfg.target_tensor_parallel_size)
-        capture = VLLMCapture(ecfg, ecfg.device, longest)
+        capture = served_capture(ecfg, ecfg.device, longest)
         return capture, capture.engine
     from eagle3.extract.capture import TargetCapture
     from eagle3.extract.stage import transformers_engine

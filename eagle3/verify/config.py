@@ -15,7 +15,7 @@ def _default(config_cls, name: str):
     return config_cls.__dataclass_fields__[name].default
 
 
-from eagle3.extract.config import ENGINES as EXTRACT_ENGINES, ExtractConfig  # noqa: E402
+from eagle3.extract.config import ENGINES as EXTRACT_ENGINES, ExtractConfig, check_engine_storage  # noqa: E402
 from eagle3.train.config import TrainConfig  # noqa: E402
 from eagle3.vocab.config import VocabConfig  # noqa: E402
 
@@ -62,11 +62,12 @@ class VerifyConfig:
     train_tokens_per_s: float = mode.DEFAULT_TRAIN_TOKENS_PER_S
     """Draft training speed for the hours estimate of both modes."""
     target_engine: str = _default(ExtractConfig, "engine")
-    """The extraction engine the run will use (transformers: the whole target on one device; vllm: split over
-    tensor_parallel_size devices); the memory check refuses transformers for a target one device cannot hold,
-    and the hours are priced at this engine's measured rate (eagle3/rates.py)."""
+    """The extraction engine the run will use (transformers: the whole target on one device; vllm or sglang: a
+    server split over tensor_parallel_size devices; sglang fills fp8-topk stores only); the memory check
+    refuses transformers for a target one device cannot hold, and the hours are priced at this engine's
+    measured rate (eagle3/rates.py)."""
     tensor_parallel_size: int = _default(ExtractConfig, "tensor_parallel_size")
-    """vllm engine: devices one replica of the target is split over."""
+    """vllm and sglang engines: devices one replica of the target is split over."""
     extract_token_budget: int = _default(ExtractConfig, "token_budget")
     """Padded tokens per extraction forward, for its activation memory."""
     draft_vocab_size: int = _default(VocabConfig, "draft_vocab_size")
@@ -100,6 +101,7 @@ class VerifyConfig:
         if self.target_engine not in EXTRACT_ENGINES:
             raise InputError(f"VerifyConfig.target_engine={self.target_engine!r} is not one of "
                              f"{', '.join(EXTRACT_ENGINES)}")
+        check_engine_storage(self.target_engine, self.storage, "VerifyConfig.target_engine", "VerifyConfig.storage")
         for name in ("tensor_parallel_size", "extract_token_budget", "draft_vocab_size", "ttt_length",
                      "train_token_budget", "train_processes"):
             if int(getattr(self, name)) < 1:

@@ -1,7 +1,7 @@
 """The gate's memory and engine checks (eagle3/memory.py's model), and extraction hours per engine.
 
-  memory       the target fits the extraction engine asked for (transformers: one device; vllm: its tensor x
-               pipeline ranks), and a training micro-batch of the longest sample fits one device; picks the
+  memory       the target fits the extraction engine asked for (transformers: one device; vllm or sglang: the
+               server's tensor x pipeline ranks), and a training micro-batch of the longest sample fits one device; picks the
                training token budget: the largest that fits, capped by VerifyConfig.train_token_budget
   engine hours extraction hours per engine from the rates earlier runs measured (eagle3/rates.py), the
                VerifyConfig.tokens_per_s parameter where none was measured
@@ -66,7 +66,7 @@ def memory_check(cfg: VerifyConfig, longest: int, max_seq_len: int, online: bool
     topk = storage_options.option(cfg.storage).target == "topk"
 
     # Extraction, and online training: with target_engine=transformers its target is a forward inside the
-    # trainer (colocated, so it shares the device); with vllm it is a server on devices of its own.
+    # trainer (colocated, so it shares the device); with vllm or sglang it is a server on devices of its own.
     colocated = online and cfg.target_engine == "transformers"
     engine = cfg.target_engine
     ext = memory.extraction_peak(config, cfg.extract_token_budget, engine, cfg.tensor_parallel_size,
@@ -82,10 +82,11 @@ def memory_check(cfg: VerifyConfig, longest: int, max_seq_len: int, online: bool
             problems.append(
                 f"{where}: the target ({w['params'] / 1e9:.1f}B params, {w['dtype']}) needs {gib(ext['bytes'])} on "
                 f"one device ({gib(w['bytes'])} of weights) but a device has {gib(mem)} ({kind}); use "
-                f"target_engine=vllm with tensor parallelism ({fix})"
-                + (" (online training then reads it from the vLLM server)" if colocated else ""))
+                f"target_engine=vllm with tensor parallelism ({fix}), or target_engine=sglang the same way "
+                "(storage_option fp8-topk only; untested against a real SGLang)"
+                + (" (online training then reads it from the server)" if colocated else ""))
         else:
-            problems.append(f"target_engine=vllm with target_tensor_parallel_size={cfg.tensor_parallel_size}: "
+            problems.append(f"target_engine={engine} with target_tensor_parallel_size={cfg.tensor_parallel_size}: "
                             f"{gib(ext['bytes'])} per device > {gib(usable)} usable of {gib(mem)}; {fix}")
     notes.append(f"extraction ({engine}, tp {ext['ranks']}): {gib(ext['bytes'])} per device "
                  f"({gib(w['bytes'])} weights, {w['dtype']})")
