@@ -48,7 +48,10 @@ MODULE_ENV = "EAGLE3_SGLANG_MODULE"
 # layers, set_eagle3_layers_to_capture) with hidden states on in /generate; an answer's prefill entry holds
 # one row per prompt token only when the whole prompt is computed in one forward: no prefix from the radix
 # cache, no chunked prefill (scheduler: the entry is sliced by the prompt's length from that forward's rows).
-HIDDEN_STATE_FLAGS = ("--enable-return-hidden-states", "--disable-radix-cache", "--chunked-prefill-size", "-1")
+# fp32 logits (LogitsProcessor._get_logits casts the hidden state and lm_head to fp32): the soft labels'
+# top-k, as the transformers engine computes them; bf16 logits would move log-probs by ~0.1 and flip ties.
+HIDDEN_STATE_FLAGS = ("--enable-return-hidden-states", "--disable-radix-cache", "--chunked-prefill-size", "-1",
+                      "--enable-fp32-lm-head")
 
 
 def states_request(input_ids: list[int], top_logprobs: int) -> dict:

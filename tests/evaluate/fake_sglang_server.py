@@ -49,6 +49,7 @@ parser.add_argument("--chunked-prefill-size", type=int)
 parser.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"], default="auto")
 parser.add_argument("--quantization")
 parser.add_argument("--dp-size", type=int, default=1)
+parser.add_argument("--enable-fp32-lm-head", action="store_true")
 args = parser.parse_args()
 
 if os.environ.get("FAKE_SGLANG_ARGV_LOG"):

@@ -7,7 +7,8 @@ engine:
   LogitsProcessor (capture FULL, as the EAGLE worker sets for the target's prefill) stores them concatenated,
   or, with no aux capture, the final-norm state.
 - scheduler ``process_batch_result_prefill``: the prefill's entry is the prompt's rows; logits processor
-  ``_get_logits``: logits in the model's dtype, then ``.float()``; input top-logprobs are
+  ``_get_logits``: logits in the model's dtype, then ``.float()`` (with --enable-fp32-lm-head: the
+  final-norm state and lm_head cast to fp32 first); input top-logprobs are
   ``log_softmax`` of those over the full vocab; ``add_input_logprob_return_values``: ``[None]`` first and
   the last position's popped (it is the sampled one, whose top-k is ``output_top_logprobs[0]``);
   tokenizer_manager: each entry is ``(logprob, token_id, text)``, text None without return_text_in_logprobs.
@@ -37,6 +38,7 @@ class Target:
         if args.speculative_algorithm == "EAGLE3":
             self.layers_to_capture = [i + 1 for i in self._draft_layer_ids(args.speculative_draft_model_path)]
         self.radix = not args.disable_radix_cache
+        self.fp32_head = args.enable_fp32_lm_head
         self.seen: list[list[int]] = []  # prompts a radix cache would hold
         self.lock = threading.Lock()  # one forward at a time: the capture hooks are the model's, not a request's
 
@@ -75,13 +77,15 @@ class Target:
             with_kwargs=True) for j in sorted(set(self.layers_to_capture or ()))]
         hooks.append(self.model.model.norm.register_forward_hook(lambda _m, _a, o: normed.append(o)))
         try:
-            out = self.model(input_ids=torch.tensor([ids]), use_cache=False)
+            self.model.model(input_ids=torch.tensor([ids]), use_cache=False)  # the hooks keep what SGLang returns
         finally:
             for h in hooks:
                 h.remove()
         # the layers' inputs in layer order, as SGLang's loop appends them; else the final-norm state
         states = torch.cat([c[0] for c in captured], dim=-1) if self.layers_to_capture else normed[0][0]
-        logprobs = torch.log_softmax(out.logits[0].float(), dim=-1)
+        head = self.model.lm_head.weight
+        logits = (normed[0][0].float() @ head.float().T) if self.fp32_head else (normed[0][0] @ head.T).float()
+        logprobs = torch.log_softmax(logits, dim=-1)
         top = logprobs.topk(k, dim=-1) if k else None
 
         def entry(t: int):
@@ -95,7 +99,7 @@ class Target:
             start = int(req.get("logprob_start_len", -1))
             meta["input_top_logprobs"] = ([None] + [entry(t) for t in range(len(ids) - 1)]) if start == 0 else []
             meta["output_top_logprobs"] = [entry(len(ids) - 1)]
-        nxt = int(out.logits[0, -1].argmax())
+        nxt = int(logits[-1].argmax())
         return {"text": f"tok{nxt}", "output_ids": [nxt], "meta_info": meta}
 
 

@@ -121,8 +121,8 @@ def test_config_refuses_server_settings_for_the_transformers_engine():
     ExtractConfig("m", "x", "o", engine="vllm", tensor_parallel_size=8, quantization="fp8")
     with pytest.raises(InputError, match="tensor_parallel_size=8 only apply to engine='vllm'"):
         ExtractConfig("m", "x", "o", tensor_parallel_size=8)
-    with pytest.raises(InputError, match="engine='sglang': choose one of transformers, vllm"):
-        ExtractConfig("m", "x", "o", engine="sglang")
+    with pytest.raises(InputError, match="engine='tgi': choose one of transformers, vllm, sglang"):
+        ExtractConfig("m", "x", "o", engine="tgi")
     assert ExtractConfig("m", "x", "o", engine="vllm", tensor_parallel_size=4, pipeline_parallel_size=2).gpus() == 8
 
 
