@@ -319,3 +319,38 @@ def test_report_runs_on_every_outcome_and_outcome_is_the_only_leaf(dag):
     assert outcome.trigger_rule == "all_done" and outcome.upstream_task_ids == {"report"}
     assert [t.task_id for t in dag.tasks if not t.downstream_task_ids] == ["outcome"]
     assert outcome.retries == 0
+
+
+def test_target_engine_param_offers_sglang_and_each_stage_gets_it(dag):
+    """``target_engine=sglang`` (with the storage it fills) passes the form and reaches extract, verify and online
+    train as configs they accept; with a storage SGLang cannot fill, the form passes and verify's config (the
+    gate, before any GPU work) refuses it naming both Params."""
+    from airflow.sdk.definitions.param import ParamsDict
+
+    from eagle3.config import from_dict
+    from eagle3.errors import InputError
+    from eagle3.extract import ExtractConfig
+    from eagle3.extract.config import ENGINES
+    from eagle3.train import TrainConfig
+    from eagle3.verify import VerifyConfig
+
+    schema = dag.params.get_param("target_engine").schema
+    assert schema["enum"] == list(ENGINES) and "sglang" in schema["enum"]
+    assert set(schema["values_display"]) == set(ENGINES) and "SGLang" in schema["values_display"]["sglang"]
+    params = ParamsDict(dag.params)
+    params["target_engine"], params["storage_option"] = "sglang", "fp8-topk"
+    params.validate()
+    values = {**{k: dag.params[k] for k in dag.params}, "target_engine": "sglang", "storage_option": "fp8-topk",
+              "target_tensor_parallel_size": 8, "storage_root": "/r", "model": "m"}
+    ctx = {"params": values, "run_id": "r1", "ti": _TI("online")}
+    extract, verify, train = (dag.get_task(t) for t in ("extract", "verify", "train"))
+    env = dag.get_template_env()
+    e = from_dict(ExtractConfig, extract.render_template(extract.partial_kwargs["config"], ctx, jinja_env=env))
+    assert (e.engine, e.tensor_parallel_size, e.storage, e.gpus()) == ("sglang", 8, "fp8-topk", 8)
+    v = from_dict(VerifyConfig, verify.render_template(verify.config, ctx, jinja_env=env))
+    assert (v.target_engine, v.tensor_parallel_size) == ("sglang", 8)
+    t = from_dict(TrainConfig, train.render_template(train.config, ctx, jinja_env=env))
+    assert (t.online, t.target_engine, t.target_tensor_parallel_size) == (True, "sglang", 8)
+    bad = {**ctx, "params": {**values, "storage_option": "bf16"}}
+    with pytest.raises(InputError, match="storage='bf16' cannot be filled by VerifyConfig.target_engine='sglang'"):
+        from_dict(VerifyConfig, verify.render_template(verify.config, bad, jinja_env=env))

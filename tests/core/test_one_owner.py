@@ -75,10 +75,20 @@ OWNERS = {name: module for module, names in (
     ("eagle3/target.py", "TOKENIZER_FILES"), ("tests/tiny_llama.py", "save_random_llama"),
     # the argv of an `eagle3 <stage>` child (operators) and the benches' way of running one
     ("operators/supervised.py", "eagle3_cli"), ("bench/stage_process.py", "run_stage"),
+    # the extract engines: which exist, which are served, what a top-k-only engine refuses; the served engines'
+    # shared lifecycle, checks and factory; SGLang's flags, request and module; a server log's last error line;
+    # the capture draft; the codec's ready top-k
+    ("eagle3/extract/config.py", "ENGINES SERVED_ENGINES check_engine_storage"),
+    ("eagle3/extract/served.py", "served_capture check_states package_version"),
+    ("eagle3/serving/sglang.py", "HIDDEN_STATE_FLAGS states_request default_module"),
+    ("eagle3/serving/process.py", "last_error_line _ERROR_LINE"),
+    ("eagle3/export.py", "write_capture_draft"), ("eagle3/extract/codec.py", "TopK"),
 ) for name in names.split()}
 RETIRED = ("sample_id", "_free_port", "_stats_with_table", "_publish_and_say", "_evaluate_and_say", "stage_cli",
            # the report stage's and the UI tab's own readers of a run's files, before eagle3.report.collect
-           "read_acceptance", "_task_results", "_reuse", "_read_json", "dataset_rows", "store_dir")
+           "read_acceptance", "_task_results", "_reuse", "_read_json", "dataset_rows", "store_dir",
+           # the vllm engine's own version probe and answer error, before eagle3.extract.served
+           "vllm_version", "VLLMAnswerError")
 
 
 @pytest.mark.parametrize("name, owner", sorted(OWNERS.items()))
@@ -104,6 +114,8 @@ def test_retired_copies_stay_gone():
     (r"""["']store\.json["']""", "eagle3/extract/store_format.py"),  # the store's identity file
     (r"ttt_length: int = \d", None),  # the TTT length default is DEFAULT_TTT_LENGTH
     (r"""["']-m["'], *["']eagle3\.cli["']""", "operators/supervised.py"),  # an `eagle3 <stage>` child's argv
+    (r"""["']EAGLE3_SGLANG_MODULE["']""", "eagle3/serving/sglang.py"),  # the fake-SGLang switch
+    (r"""["']--enable-return-hidden-states["']""", "eagle3/serving/sglang.py"),  # the engine's flags
 ])
 def test_a_formula_is_written_once(pattern, owner):
     places = [str(p.relative_to(REPO)) for p in _files(CODE + ("bench",)) if re.search(pattern, p.read_text())]

@@ -57,7 +57,7 @@ if os.environ.get("FAKE_SGLANG_ARGV_LOG"):
         f.write(json.dumps({"argv": sys.argv[1:], "pid": os.getpid(),
                             "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\n")
 if os.environ.get("FAKE_SGLANG_FAIL") == "start":
-    print("fake sglang: failing at start as asked", flush=True)
+    print("RuntimeError: fake sglang: failing at start as asked", flush=True)  # a traceback's last line
     sys.exit(1)
 if os.environ.get("FAKE_SGLANG_CHILD"):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

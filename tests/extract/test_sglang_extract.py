@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -183,6 +185,40 @@ def test_a_server_that_dies_mid_extraction_is_reported_with_its_last_error_line(
     assert "SGLang said: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (fake)" in msg
     (run,) = [json.loads(line) for line in fake_sglang.read_text().splitlines()]
     assert not alive(run["pid"])
+
+
+def test_a_failed_start_quotes_sglangs_own_error_and_leaves_nothing(data, fake_sglang, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SGLANG_FAIL", "start")
+    with pytest.raises(ServerFailed) as err:
+        _extract(data, tmp_path / "store", "sglang", precision="float32")
+    msg = str(err.value)
+    assert "SGLang server exited with code 1 before becoming healthy" in msg
+    assert "SGLang said: RuntimeError: fake sglang: failing at start as asked" in msg
+    (run,) = [json.loads(line) for line in fake_sglang.read_text().splitlines()]
+    assert not alive(run["pid"]) and not Path(dict(zip(run["argv"], run["argv"][1:]))[
+        "--speculative-draft-model-path"]).exists()
+
+
+def test_sigterm_stops_the_server_and_removes_the_capture_draft(data, fake_sglang, tmp_path):
+    """Airflow's on_kill sends the supervised stage SIGTERM; the CLI leaves through close()."""
+    env = cli_env(EAGLE3_SGLANG_MODULE="fake_sglang_server", FAKE_SGLANG_STARTUP_S="300",
+                  FAKE_SGLANG_ARGV_LOG=str(fake_sglang))
+    env["PYTHONPATH"] = os.pathsep.join([str(FAKE_DIR), env["PYTHONPATH"]])
+    proc = subprocess.Popen([sys.executable, "-m", "eagle3.cli", "extract", "--merged", data["merged"], "--model",
+                             data["target"], "--out", str(tmp_path / "s"), "--engine", "sglang", "--storage",
+                             "fp8-topk", "--device", "cpu"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while not fake_sglang.exists() or not fake_sglang.read_text().strip():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0][-2000:]
+        time.sleep(0.2)
+    run = json.loads(fake_sglang.read_text().splitlines()[0])
+    proc.send_signal(signal.SIGTERM)
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 128 + signal.SIGTERM, log[-2000:]
+    assert not alive(run["pid"]), log[-2000:]
+    assert not Path(dict(zip(run["argv"], run["argv"][1:]))["--speculative-draft-model-path"]).exists()
+    assert "SGLang server (pid" in log and "stopped" in log
 
 
 @pytest.mark.parametrize("storage", ["bf16", "fp8"])
