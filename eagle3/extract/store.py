@@ -77,7 +77,7 @@ class StoreWriter:
             "topk": TOPK if option(storage).target == "topk" else None,
             "bytes_per_token": bytes_per_token(storage, hidden_size),
             "precision": precision,
-            "engine": engine,  # what ran the forward: name, version, and for vllm the parallelism
+            "engine": engine,  # what ran the forward: name, version, and for vllm/sglang the parallelism
         }
         self._index: dict | None = None
 
