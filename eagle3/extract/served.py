@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 1800.0  # a cold start of a big target on a busy node is slow; a dead server fails at once
 REQUEST_TIMEOUT_S = 3600.0
+DEATH_WAIT_S = 15.0  # how long a request that got no answer waits for the server's exit before calling it alive
 
 
 class AnswerError(Eagle3Error):
@@ -167,8 +169,12 @@ class ServedCapture:
         """The error for a request that got no answer: the server's exit and its own last error line, if it died."""
         if self._closed:
             return ServerStopped(f"sample {name}: the {self.engine_name} extract engine was stopped")
-        proc = server.proc
-        code = proc.poll() if proc is not None else None
+        proc, code = server.proc, None
+        if proc is not None:  # a crashing server drops its connections a moment before it exits
+            try:
+                code = proc.wait(timeout=DEATH_WAIT_S)
+            except subprocess.TimeoutExpired:
+                code = None
         if code is None:
             return AnswerError(f"sample {name}: no answer from {self.label} at {server.url} ({err}); "
                                f"log {server.log_path}")
@@ -182,8 +188,6 @@ class ServedCapture:
 def package_version(python: str, names: tuple[str, ...]) -> str:
     """The version of the first installed distribution of ``names`` in the venv of ``python``, without
     importing it (an engine's own venv; "unknown" when none is installed)."""
-    import subprocess
-
     code = (f"import importlib.metadata as m\nfor n in {list(names)!r}:\n    try:\n        print(m.version(n))\n"
             "        break\n    except m.PackageNotFoundError:\n        pass")
     try:
