@@ -38,7 +38,7 @@ if REPO not in sys.path:
 from bench.stage_process import run_stage  # noqa: E402  (after the path)
 VARIES = ("draft_variant", "target_engine", "seed")
 OTHER = {"draft_variant": {"eagle3": "eagle3.1", "eagle3.1": "eagle3"},
-         "target_engine": {"transformers": "vllm", "vllm": "transformers"}}
+         "target_engine": {"transformers": "vllm", "vllm": "transformers", "sglang": "transformers"}}
 
 
 def other_value(vary: str, mine):
