@@ -18,9 +18,9 @@ row on average (a loose bound: huge-norm rows, nearly flat logits) is computed t
 
 from __future__ import annotations
 
-import weakref
-
 import torch
+
+from eagle3.draft.loss import derived
 
 BF16_UNIT = 2.0 ** -8
 MAX_CANDIDATES = 64
@@ -35,19 +35,6 @@ def bound_factor(k: int) -> float:
     return 3 * u + u * u + 2.1 * k * 2.0 ** -24
 
 
-_BF16: dict = {}
-
-
-def _bf16_head(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(w in bf16, max_v |w_v|), kept for the last head seen while it lives unchanged (the target head is fixed
-    for a run); the entry goes with ``w``."""
-    hit = _BF16.get("head")
-    if hit is None or hit[0]() is not w or hit[1] != w._version:
-        hit = (weakref.ref(w, lambda _: _BF16.clear()), w._version, w.to(torch.bfloat16), w.norm(dim=1).max())
-        _BF16["head"] = hit
-    return hit[2], hit[3]
-
-
 def in_draft_mask(x: torch.Tensor, w: torch.Tensor, t2d: torch.Tensor, fast: bool, chunk: int = 256) -> torch.Tensor:
     """[N] bool: t2d[argmax_v x_r . w_v] for x [N, H] fp32 and w [V, H] fp32, in row chunks.
 
@@ -55,7 +42,8 @@ def in_draft_mask(x: torch.Tensor, w: torch.Tensor, t2d: torch.Tensor, fast: boo
     keeps a chunk's bf16 logits (25 MB at V=49152) under glibc's 32 MiB mmap ceiling: reused, not re-faulted."""
     if not fast:
         return torch.cat([t2d[(rows @ w.T).argmax(-1)] for rows in x.split(chunk)]) if len(x) else t2d[:0]
-    wb, wmax = _bf16_head(w)
+    wb = derived(w, "in-draft bf16", lambda x: x.to(torch.bfloat16))  # the target head is fixed for a run
+    wmax = derived(w, "in-draft max norm", lambda x: x.norm(dim=1).max())
     slack = 2 * bound_factor(w.shape[1]) * wmax
     out = []
     for rows in x.split(chunk):

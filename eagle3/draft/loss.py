@@ -19,6 +19,8 @@ gradient of the logits); the softmax statistics and W's gradient accumulate in f
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -50,6 +52,26 @@ def head_soft_ce(h: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, top
     return _HeadSoftCE.apply(h, weight, probs, top, mask, dtype)
 
 
+_DERIVED: dict = {}
+
+
+def derived(w: torch.Tensor, key, fn):
+    """``fn(w)``, computed once while ``w`` lives unchanged (its version counter; an optimizer step bumps it),
+    one entry per ``key``: what a fixed or once-per-step tensor's users derive from it again and again."""
+    hit = _DERIVED.get(key)
+    if hit is None or hit[0]() is not w or hit[1] != w._version:
+        with torch.no_grad():
+            hit = (weakref.ref(w, lambda _: _DERIVED.pop(key, None)), w._version, fn(w))
+        _DERIVED[key] = hit
+    return hit[2]
+
+
+def cast_cached(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``w.to(dtype)`` via `derived`: the TTT steps of a micro-batch share one cast of the lm_head (autocast
+    caches its own weight casts the same way)."""
+    return w if w.dtype == dtype else derived(w, ("cast", dtype), lambda x: x.to(dtype))
+
+
 def _blocks(n: int, width: int, item: int, budget: int) -> int:
     return max(1, min(n, budget // max(1, width * item)))
 
@@ -61,20 +83,22 @@ class _HeadSoftCE(torch.autograd.Function):
         vd = weight.shape[0]
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         rows_b, rows_t = mask.nonzero(as_tuple=True)
-        whole = b == 1 and len(rows_t) == n  # every row trains: views, no gathers
+        # One row whose trained positions are one run (the bench, a single assistant turn): views, no gathers.
+        lo = int(rows_t[0]) if len(rows_t) else 0
+        whole = b == 1 and (len(rows_t) == 0 or int(rows_t[-1]) - lo + 1 == len(rows_t))
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         correct = torch.zeros((), dtype=torch.int64, device=h.device)
         dh = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if want_h else None
-        dw = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if want_w else None
+        dw = None
         ctx.h_dtype, ctx.w_dtype = h.dtype, weight.dtype
         with torch.autocast(h.device.type, enabled=False):
-            w = weight.to(dtype)
-            block = _blocks(len(rows_t), vd, w.element_size(), BLOCK_BYTES)
+            w = cast_cached(weight, dtype)
+            block = _blocks(len(rows_t), vd, probs.element_size(), BLOCK_BYTES)
             chunk = _blocks(block, vd, 4, CHUNK_BYTES)
             for r0 in range(0, len(rows_t), block):
                 r1 = min(len(rows_t), r0 + block)
                 if whole:
-                    hb, pb, tb = h[0, r0:r1].to(dtype), probs[0, r0:r1], top[0, r0:r1]
+                    hb, pb, tb = h[0, lo + r0:lo + r1].to(dtype), probs[0, lo + r0:lo + r1], top[0, lo + r0:lo + r1]
                 else:
                     ib, it = rows_b[r0:r1], rows_t[r0:r1]
                     hb, pb, tb = h[ib, it].to(dtype), probs[ib, it], top[ib, it]
@@ -95,11 +119,14 @@ class _HeadSoftCE(torch.autograd.Function):
                 if want_h:
                     dhb = (gz @ w).float()
                     if whole:
-                        dh[0, r0:r1] = dhb
+                        dh[0, lo + r0:lo + r1] = dhb
                     else:
                         dh[ib, it] = dhb
                 if want_w:
-                    dw += (gz.T @ hb).float()
+                    part = (gz.T @ hb).float()
+                    dw = part if dw is None else dw.add_(part)
+        if want_w and dw is None:
+            dw = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
         ctx.mark_non_differentiable(correct)
         ctx.save_for_backward(dh, dw)
         return total, correct
