@@ -28,10 +28,20 @@ Its counted FLOPs add the target forward, 2 x (non-embedding target parameters) 
 is per length. --attention picks the TTT attention (eagle3/draft/attention.py blockwise, the dense [T, T]
 reference, or both side by side); dense is skipped where its score tensors alone would not fit in memory.
 
+--peer [PYTHON] (with --rows 1) adds, per precision, the peer core (bench/peer_bench.py: speculators 0.9.0's
+Eagle3DraftModel, in its own venv, default /work/peer-venv/bin/python) next to our step: --peer-rounds pairs of
+fresh processes, ours then the peer, alternating, same shape, threads and precision, and the same peaks and
+counted FLOPs, so both fractions and their ratio come from one run.
+
+OpenMP: this bench, like `eagle3 train`, sets OMP_WAIT_POLICY=PASSIVE where it is unset, before torch loads
+(eagle3.devices.THREAD_WAIT_ENV); `OMP_WAIT_POLICY=ACTIVE .venv/bin/python bench/train_bench.py ...` measures
+spinning workers instead.
+
 usage: .venv/bin/python bench/train_bench.py [--precisions float32,bfloat16] [--vd 8192] [--rows 4]
        [--seq-len 512] [--ttt-length 7] [--iters 3] [--online [--model M] [--storage bf16]]
        .venv/bin/python bench/train_bench.py --seq-lens 2048,8192 [--attention blockwise,dense]
        [--precisions bfloat16] [--iters 1] [--no-warmup] [--checkpoint-steps]
+       .venv/bin/python bench/train_bench.py --rows 1 --seq-len 1024 --threads 2 --iters 2 --peer [PYTHON]
 """
 
 from __future__ import annotations
