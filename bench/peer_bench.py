@@ -4,10 +4,10 @@ The peer: speculators 0.9.0's `Eagle3DraftModel` (its forward runs the TTT loop 
 eager, `conditional_torch_compile` compiles on CUDA only). It is installed in a scratch venv of its own,
 outside this repository (it pins transformers <= 5.19):
 
-    python3 -m venv /work/scratch/peer-venv
-    /work/scratch/peer-venv/bin/pip install torch==2.13.0
-    /work/scratch/peer-venv/bin/pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0
-    /work/scratch/peer-venv/bin/pip install "transformers<=5.19" "pydantic>=2" pydantic-settings loguru \\
+    python3 -m venv /work/peer-venv
+    /work/peer-venv/bin/pip install torch==2.13.0
+    /work/peer-venv/bin/pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0
+    /work/peer-venv/bin/pip install "transformers<=5.19" "pydantic>=2" pydantic-settings loguru \\
         safetensors tqdm psutil rich click typer huggingface-hub protobuf openai httpx aiohttp "datasets<=5.1"
 
 On CPU the peer needs `sdpa` attention (its default is flex attention) and its eager loss
@@ -19,7 +19,7 @@ grad-norm clip 0.5, AdamW. Each worker is a fresh process with --threads torch t
 --rounds times. Counted FLOPs are bench/train_bench.py's (the same number for both), so the fraction of the
 best peak (the fp32 and bf16 `torch.mm` peaks of eagle3.devices.mm_peaks, by process CPU time) compares speed.
 
-usage: .venv/bin/python bench/peer_bench.py [--peer-python /work/scratch/peer-venv/bin/python]
+usage: .venv/bin/python bench/peer_bench.py [--peer-python /work/peer-venv/bin/python]
        [--precision bfloat16] [--seq-len 1024] [--ttt-length 7] [--vd 8192] [--threads 2] [--rounds 2]
        [--iters 2] [--compile]
 """
@@ -28,12 +28,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from eagle3.devices import THREAD_WAIT_ENV, passive_thread_waits  # noqa: E402 - torch-free; before torch loads
+
+passive_thread_waits()
+DEFAULT_PEER_PYTHON = "/work/peer-venv/bin/python"
 H, I, HEADS, KV, V = 576, 1536, 9, 3, 49152
 
 
@@ -49,9 +57,6 @@ def _timed(step, iters: int) -> tuple[float, float]:
 
 def worker_ours(args) -> dict:
     import torch
-
-    sys.path.insert(0, str(REPO))
-    sys.path.insert(0, str(REPO / "bench"))
     from train_bench import build
 
     from eagle3.draft.ttt import target_from_last, ttt_forward
@@ -126,9 +131,42 @@ def worker_peer(args) -> dict:
     return {"wall_s": wall, "cpu_s": cpu}
 
 
+def alternate(peer_python: str, precision: str, seq_len: int, ttt_length: int, vd: int, threads: int,
+              iters: int, rounds: int, compile_ours: bool = False) -> dict[str, list[dict]]:
+    """``rounds`` x (our worker, the peer's worker), each a fresh process: their {wall_s, cpu_s} runs."""
+    passthrough = ["--precision", precision, "--seq-len", str(seq_len), "--ttt-length", str(ttt_length),
+                   "--vd", str(vd), "--threads", str(threads), "--iters", str(iters)]
+    passthrough += ["--compile"] if compile_ours else []
+    env = passive_thread_waits({"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
+                                **{k: os.environ[k] for k in THREAD_WAIT_ENV if k in os.environ}})
+    runs: dict[str, list[dict]] = {"ours": [], "peer": []}
+    for _ in range(rounds):
+        for who, python in (("ours", sys.executable), ("peer", peer_python)):
+            out = subprocess.run([python, __file__, "--worker", who, *passthrough], capture_output=True, text=True,
+                                 env=env)
+            if out.returncode:
+                raise SystemExit(f"{who} worker failed:\n{out.stderr[-3000:]}")
+            runs[who].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def summarize(runs: dict[str, list[dict]], peaks: dict, best, precision: str, seq_len: int, counted: float) -> dict:
+    """Per side: tok/s (best wall), CPU s per step (best), counted GFLOP per CPU second and the fractions."""
+    summary = {}
+    for who, rs in runs.items():
+        wall, cpu = min(r["wall_s"] for r in rs), min(r["cpu_s"] for r in rs)
+        summary[who] = {"tokens_per_s_wall": round(seq_len / wall, 1), "step_cpu_s": round(cpu, 3),
+                        "counted_gflops_cpu": round(counted / cpu / 1e9, 1),
+                        "fraction_of_best_peak": round(counted / cpu / 1e9 / best.gflops_cpu, 3),
+                        "fraction_of_own_peak": round(counted / cpu / 1e9 / peaks[precision].gflops_cpu, 3),
+                        "runs": rs}
+    summary["ours_vs_peer_speed"] = round(summary["peer"]["step_cpu_s"] / summary["ours"]["step_cpu_s"], 3)
+    return summary
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--peer-python", default="/work/scratch/peer-venv/bin/python")
+    ap.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON)
     ap.add_argument("--precision", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--ttt-length", type=int, default=7)
@@ -143,7 +181,6 @@ def main() -> None:
         print(json.dumps((worker_ours if args.worker == "ours" else worker_peer)(args)))
         return
 
-    sys.path.insert(0, str(REPO))
     import torch
 
     from eagle3.devices import best_peak, mm_peaks
@@ -151,34 +188,17 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     before = mm_peaks("cpu")
-    passthrough = ["--precision", args.precision, "--seq-len", str(args.seq_len), "--ttt-length",
-                   str(args.ttt_length), "--vd", str(args.vd), "--threads", str(args.threads), "--iters",
-                   str(args.iters)] + (["--compile"] if args.compile else [])
-    runs: dict[str, list[dict]] = {"ours": [], "peer": []}
-    for _ in range(args.rounds):
-        for who, python in (("ours", sys.executable), ("peer", args.peer_python)):
-            out = subprocess.run([python, __file__, "--worker", who, *passthrough], capture_output=True, text=True,
-                                 env={"OMP_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin",
-                                      "HF_HUB_OFFLINE": "1"})
-            if out.returncode:
-                raise SystemExit(f"{who} worker failed:\n{out.stderr[-3000:]}")
-            runs[who].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    runs = alternate(args.peer_python, args.precision, args.seq_len, args.ttt_length, args.vd, args.threads,
+                     args.iters, args.rounds, args.compile)
     peaks = mm_peaks("cpu", cpu_time=True, earlier=before)
     best = best_peak(peaks, cpu_time=True)
     f = flops_per_token(args.vd, args.ttt_length)
-    counted = (f["draft_train"] + f["target_head"]) * args.seq_len
-    summary = {}
-    for who, rs in runs.items():
-        wall, cpu = min(r["wall_s"] for r in rs), min(r["cpu_s"] for r in rs)
-        summary[who] = {"tokens_per_s_wall": round(args.seq_len / wall, 1), "step_cpu_s": round(cpu, 3),
-                        "counted_gflops_cpu": round(counted / cpu / 1e9, 1),
-                        "fraction_of_best_peak": round(counted / cpu / 1e9 / best.gflops_cpu, 3),
-                        "fraction_of_own_peak": round(counted / cpu / 1e9 / peaks[args.precision].gflops_cpu, 3),
-                        "runs": rs}
-    ratio = summary["peer"]["step_cpu_s"] / summary["ours"]["step_cpu_s"]
+    summary = summarize(runs, peaks, best, args.precision, args.seq_len,
+                        (f["draft_train"] + f["target_head"]) * args.seq_len)
+    ratio = summary.pop("ours_vs_peer_speed")
     print(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "worker"},
                       "peaks": {d: pk.to_dict() for d, pk in peaks.items()}, "best_peak": best.dtype,
-                      "summary": summary, "ours_vs_peer_speed": round(ratio, 3)}, indent=1))
+                      "summary": summary, "ours_vs_peer_speed": ratio}, indent=1))
     print(f"torch.mm peaks (CPU time): fp32 {peaks['float32'].gflops_cpu:.0f}, bf16 {peaks['bfloat16'].gflops_cpu:.0f} "
           f"GFLOP/s; best {best.dtype}")
     for who, s in summary.items():

@@ -28,10 +28,20 @@ Its counted FLOPs add the target forward, 2 x (non-embedding target parameters) 
 is per length. --attention picks the TTT attention (eagle3/draft/attention.py blockwise, the dense [T, T]
 reference, or both side by side); dense is skipped where its score tensors alone would not fit in memory.
 
+--peer [PYTHON] (with --rows 1) adds, per precision, the peer core (bench/peer_bench.py: speculators 0.9.0's
+Eagle3DraftModel, in its own venv, default /work/peer-venv/bin/python) next to our step: --peer-rounds pairs of
+fresh processes, ours then the peer, alternating, same shape, threads and precision, and the same peaks and
+counted FLOPs, so both fractions and their ratio come from one run.
+
+OpenMP: this bench, like `eagle3 train`, sets OMP_WAIT_POLICY=PASSIVE where it is unset, before torch loads
+(eagle3.devices.THREAD_WAIT_ENV); `OMP_WAIT_POLICY=ACTIVE .venv/bin/python bench/train_bench.py ...` measures
+spinning workers instead.
+
 usage: .venv/bin/python bench/train_bench.py [--precisions float32,bfloat16] [--vd 8192] [--rows 4]
        [--seq-len 512] [--ttt-length 7] [--iters 3] [--online [--model M] [--storage bf16]]
        .venv/bin/python bench/train_bench.py --seq-lens 2048,8192 [--attention blockwise,dense]
        [--precisions bfloat16] [--iters 1] [--no-warmup] [--checkpoint-steps]
+       .venv/bin/python bench/train_bench.py --rows 1 --seq-len 1024 --threads 2 --iters 2 --peer [PYTHON]
 """
 
 from __future__ import annotations
@@ -46,6 +56,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eagle3.devices import passive_thread_waits  # noqa: E402 - torch-free
+
+passive_thread_waits()  # before torch loads: idle OpenMP workers sleep (eagle3.devices.THREAD_WAIT_ENV)
 
 import torch  # noqa: E402
 
@@ -246,6 +260,10 @@ def main() -> None:
                     help="time the first step too (long lengths: one step dwarfs the one-time set-up)")
     ap.add_argument("--checkpoint-steps", action="store_true",
                     help="activation checkpointing per TTT step (ttt_forward(checkpoint_steps=True))")
+    ap.add_argument("--peer", nargs="?", const="/work/peer-venv/bin/python", default="",
+                    help="also run the peer core (bench/peer_bench.py, speculators 0.9.0) with this python, "
+                         "alternating with our step in fresh processes, same shape; needs --rows 1")
+    ap.add_argument("--peer-rounds", type=int, default=2, help="--peer: (ours, peer) process pairs per precision")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # PRECISION:ATTENTION:LENGTH, from --seq-lens
     args = ap.parse_args()
     dev = args.device
@@ -258,6 +276,8 @@ def main() -> None:
         return run_lengths(args, precisions, dev)
     policy = resolve_precision("auto", dev)
     on_cpu = dev == "cpu"
+    if args.peer and (args.rows != 1 or not on_cpu or args.online):
+        raise SystemExit("--peer compares one row per step on the CPU, offline: give --rows 1 (and no --online)")
 
     before = mm_peaks(dev)
     runs = []
@@ -269,6 +289,16 @@ def main() -> None:
             src = online_source(args.model, args.storage, p, dev, rows, seq_len)
             runs.append({**run_precision(p, args, dev, rows, seq_len, iters, src), "reduced_shape": slow,
                          "target_forward": src[0].capture.forward_path})
+    peer_runs = {}
+    if args.peer:
+        import peer_bench
+
+        for p in precisions:
+            if not any(r["precision"] == p and not r["reduced_shape"] for r in runs):
+                continue
+            peer_runs[p] = peer_bench.alternate(args.peer, p, args.seq_len, args.ttt_length, args.vd,
+                                                args.threads or torch.get_num_threads(), args.iters,
+                                                args.peer_rounds)
     peaks = mm_peaks(dev, cpu_time=on_cpu, earlier=before)  # again after the steps: the machine may be shared
     rate = (lambda pk: pk.gflops_cpu) if on_cpu else (lambda pk: pk.gflops)
     best = best_peak(peaks, cpu_time=on_cpu)
@@ -279,8 +309,16 @@ def main() -> None:
         r["draft_only_fraction_of_best_peak"] = round(r["draft_gflops_cpu"] / rate(best), 3) if on_cpu else None
         for k in ("counted_gflops_wall", "counted_gflops_cpu", "draft_gflops_cpu"):
             r[k] = round(r[k], 1)
+    peers = {}
+    if peer_runs:
+        import peer_bench
+
+        f = flops_per_token(args.vd, args.ttt_length)
+        peers = {p: peer_bench.summarize(pr, peaks, best, p, args.seq_len,
+                                         (f["draft_train"] + f["target_head"]) * args.seq_len)
+                 for p, pr in peer_runs.items()}
     out = {
-        "device": dev, "threads": torch.get_num_threads(), "vd": args.vd, "ttt_length": args.ttt_length,
+        "device": dev, "peer": peers, "threads": torch.get_num_threads(), "vd": args.vd, "ttt_length": args.ttt_length,
         "policy": policy.to_dict(), "peak_basis": "process CPU time" if on_cpu else "wall time",
         "peaks": {d: pk.to_dict() for d, pk in peaks.items()}, "best_peak": best.dtype,
         "peaks_before": {d: pk.to_dict() for d, pk in before.items()},
@@ -299,6 +337,13 @@ def main() -> None:
               f"{r['counted_gflops_cpu' if on_cpu else 'counted_gflops_wall']:.1f} GFLOP/s = "
               f"{100 * r['fraction_of_best_peak']:.0f}% of the best peak ({best.dtype}), "
               f"{100 * r['fraction_of_own_peak']:.0f}% of its own dtype's (goal >= 50% of the best)")
+    for p, sm in peers.items():
+        for who in ("ours", "peer"):
+            x = sm[who]
+            print(f"  {who:4s} {p:8s} [1x{args.seq_len}] fresh processes x{len(x['runs'])}: "
+                  f"{x['tokens_per_s_wall']:,.0f} tok/s (wall), {x['step_cpu_s']:.2f} CPU s/step = "
+                  f"{100 * x['fraction_of_best_peak']:.0f}% of the best peak")
+        print(f"  ours / peer speed {p} (CPU time per step): {sm['ours_vs_peer_speed']:.2f}x (goal >= 1.0)")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from eagle3.draft.flash import flash_ttt_attention, segments
+
+KERNELS = ("auto", "flash", "blocks")
+
 DEFAULT_BLOCK = 512
 """Queries and keys per block. SmolLM2's draft shape at T=4096, TTT step 7, one CPU thread: 128, 256 and 512
 within 15% of each other (1.6-1.8 CPU-s forward+backward, the dense path 9.3), 1024 slower (2.3); 512 halves
@@ -46,19 +50,31 @@ def window_starts(starts: torch.Tensor, window: int) -> torch.Tensor:
 
 @torch.compiler.disable  # the block plan is host code over the data (`tolist`); compiled callers run it eagerly
 def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, starts: torch.Tensor,
-                  diag_keys=(), diag_values=(), block: int | None = None, q_offset: int = 0) -> torch.Tensor:
+                  diag_keys=(), diag_values=(), block: int | None = None, q_offset: int = 0,
+                  kernel: str = "auto") -> torch.Tensor:
     """Step-0 keys causal within the sample plus diagonal-only later keys; [B,nh,Tq,hd] in q's dtype.
 
     q [B,nh,Tq,hd]; k0/v0 [B,nkv,T,hd] (nh a multiple of nkv); starts [B,Tq] int
     (`sample_starts`: key index where each query row's sample begins); each diag key/value
     [B,nkv,Tq,hd] pairs only with its own row. Query row r sits at key position r + ``q_offset``
     (a sequence-parallel rank's slice of the rows, eagle3/draft/sequence.py; 0: Tq = T).
+    ``kernel``: "blocks" (this module's), "flash" (eagle3/draft/flash.py: torch's CPU flash kernel per
+    packed sample; CPU, q_offset 0 and sample starts only) or "auto": flash where it applies and no
+    ``block`` is given, else blocks.
     """
-    block = block or DEFAULT_BLOCK
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if len(diag_keys) != len(diag_values):
         raise ValueError(f"{len(diag_keys)} diagonal keys but {len(diag_values)} values")
     if q_offset < 0 or q_offset + q.shape[2] > k0.shape[2]:
         raise ValueError(f"query rows {q_offset}..{q_offset + q.shape[2]} outside the {k0.shape[2]} keys")
+    if kernel == "flash" or (kernel == "auto" and block is None):
+        segs = segments(starts) if q.device.type == "cpu" and q_offset == 0 else None
+        if segs is not None:
+            return flash_ttt_attention(q, k0, v0, segs, diag_keys, diag_values)
+        if kernel == "flash":
+            raise ValueError("the flash kernel needs the CPU, q_offset 0 and sample starts (no sliding window)")
+    block = block or DEFAULT_BLOCK
     return _TTTAttention.apply(q, k0, v0, starts, block, q_offset, len(diag_keys), *diag_keys, *diag_values)
 
 

@@ -251,8 +251,13 @@ class Eagle3Draft(nn.Module):
     def head(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [.., Vd], the hidden the next step is fed): ``out`` itself, or norm(out) for EAGLE 3.1
         (vLLM's norm_output: the post-norm hidden that the lm_head reads)."""
+        normed, hidden = self.head_input(out)
+        return self.lm_head(normed), hidden
+
+    def head_input(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what the lm_head reads: norm(out), the hidden the next step is fed); see `head`."""
         normed = self.norm(out)
-        return self.lm_head(normed), (normed if self.config.norm_output else out)
+        return normed, (normed if self.config.norm_output else out)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map draft-vocab ids to target ids (target_id = i + d2t[i])."""
@@ -296,7 +301,8 @@ class Eagle3Draft(nn.Module):
 
     def ttt_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                  history: list[tuple[torch.Tensor, torch.Tensor]], mask0: torch.Tensor | None = None,
-                 *, starts: torch.Tensor | None = None, shard=None) -> tuple[torch.Tensor, torch.Tensor]:
+                 *, starts: torch.Tensor | None = None, shard=None,
+                 logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """One TTT step over whole sequences (see eagle3/draft/ttt.py).
 
         ``history`` holds (k, v) of earlier steps and gets this step's appended.
@@ -306,7 +312,8 @@ class Eagle3Draft(nn.Module):
         O(T) memory) or ``mask0`` [B,1,T,T] (`ttt.step0_mask`: the dense
         reference, O(T^2)). ``shard`` (eagle3/draft/sequence.py, blockwise only): the rows
         are this rank's slice; step 0's keys are gathered from every rank into ``history``.
-        Returns (logits [B,T,Vd], the next step's hidden [B,T,H]: see `head`).
+        Returns (logits [B,T,Vd], the next step's hidden [B,T,H]: see `head`); with ``logits=False``, what
+        the lm_head would read instead of the logits (`head_input`: the fused loss of eagle3/draft/loss.py).
         """
         if (mask0 is None) == (starts is None):
             raise ValueError("ttt_step needs exactly one of mask0 (dense) or starts (blockwise)")
@@ -328,4 +335,4 @@ class Eagle3Draft(nn.Module):
             attn = attn_mod.project_out(ttt_attention(q, k0, v0, starts, later_k, later_v,
                                                       q_offset=shard.start if shard is not None else 0))
         out = layer.finish(hidden, attn)
-        return self.head(out)
+        return self.head(out) if logits else self.head_input(out)

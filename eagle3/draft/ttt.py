@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from eagle3.acceptance import simulated_acceptance_length as sim_accept_len  # one definition
 
+from eagle3.draft.argmax import in_draft_mask
 from eagle3.draft.attention import sample_starts, window_starts
 from eagle3.draft.config import DEFAULT_STEP_DECAY, DEFAULT_TTT_LENGTH
+from eagle3.draft.loss import head_soft_ce
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.sequence import SeqShard, single
 
@@ -43,7 +44,7 @@ ATTENTIONS = ("blockwise", "dense")  # eagle3/draft/attention.py (O(T) memory), 
 def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
                      norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
                      chunk: int = 1024, known_in_draft: torch.Tensor | None = None,
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     fast: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss's target inputs from the store's `last` states.
 
     last [.., H] is the final-norm hidden (pass ``norm_weight`` only if it is
@@ -55,13 +56,18 @@ def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torc
     The draft-vocab logits are always the Vd-row product (the same bits either
     way). Only the in-draft mask needs the full [V, H] head; ``known_in_draft``
     (the mask of an earlier call on the same states: the trainer keeps it per
-    sample after the first epoch) skips that product, V/Vd times the work.
+    sample after the first epoch) skips that product, V/Vd times the work. Where it runs, it runs in bf16
+    certified in fp32 (`argmax.in_draft_mask`) if ``fast`` (default: the caller runs under bf16 autocast,
+    i.e. the compute precision is bf16), else in fp32.
     """
+    dev = last.device.type
+    if fast is None:
+        fast = torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.bfloat16
     draft_ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t
     flat = last.reshape(-1, last.shape[-1])
     w = lm_head_weight.float()
     w_d = w[draft_ids]
-    logits_d, in_draft = [], []
+    logits_d, normed = [], []
     # The soft labels are computed in fp32 even when the caller runs under bf16 autocast
     # (the training step does on CUDA): autocast would run `x @ w.T` in bf16 whatever the
     # inputs' dtype, rounding the target's logits to 8 bits of mantissa and flipping argmaxes.
@@ -71,13 +77,14 @@ def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torc
             if norm_weight is not None:
                 x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
             logits_d.append(x @ w_d.T)
-            if known_in_draft is None:
-                in_draft.append(t2d[(x @ w.T).argmax(-1)])
+            normed.append(x)
+        if known_in_draft is None and normed:
+            mask = in_draft_mask(torch.cat(normed), w, t2d, fast, chunk=min(chunk, 256)).reshape(last.shape[:-1])
     shape = last.shape[:-1]
     if known_in_draft is not None:
         mask = known_in_draft.reshape(shape).to(torch.bool)
-    else:
-        mask = torch.cat(in_draft).reshape(shape) if in_draft else torch.zeros(shape, dtype=torch.bool)
+    elif not normed:
+        mask = torch.zeros(shape, dtype=torch.bool)
     return (torch.cat(logits_d).reshape(*shape, -1) if logits_d else last.new_zeros(*shape, d2t.shape[0]), mask)
 
 
@@ -144,12 +151,11 @@ def _step(draft: Eagle3Draft, ids, positions, step0: dict, probs, top, mask, val
     A pure function of its tensors (``history`` is the flat k0, v0, k1, v1, ... of the earlier steps), so
     `torch.utils.checkpoint` may run it again in backward."""
     pairs = list(zip(history[::2], history[1::2]))
-    logits, hidden = draft.ttt_step(ids, hidden, positions, pairs, **step0)
-    scored = logits[:, :valid]
-    ce = -(probs * F.log_softmax(scored.float(), -1)).sum(-1)
-    correct = ((scored.argmax(-1) == top) & mask).sum()
+    normed, hidden = draft.ttt_step(ids, hidden, positions, pairs, logits=False, **step0)
+    # lm_head + soft CE fused (eagle3/draft/loss.py; `soft_ce_reference` is the unfused definition)
+    step_sum, correct = head_soft_ce(normed[:, :valid], draft.lm_head.weight, probs, top, mask)
     k, v = pairs[-1]
-    return (ce * mask).sum(), correct, hidden, k, v
+    return step_sum, correct, hidden, k, v
 
 
 def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
