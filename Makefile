@@ -76,7 +76,9 @@ airflow:
 
 # Two workers, a test module per worker at a time (its module fixtures, e.g. a vLLM server, start once). The
 # tests marked `precision` run twice, with the policy forced to each precision, whatever this machine picks.
-PYTEST := $(BIN)/python -m pytest tests -q --timeout=1800
+# Two workers share the 2 cores: idle OpenMP threads sleep instead of spinning on the core the other needs
+# (docs/train.md "Speed"; on a quiet machine spinning, the default, is faster).
+PYTEST := OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest tests -q --timeout=1800
 test:
 	$(MAKE) -j2 venv-test vllm
 	$(MAKE) airflow-home

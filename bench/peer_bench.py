@@ -38,9 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from eagle3.devices import THREAD_WAIT_ENV, passive_thread_waits  # noqa: E402 - torch-free; before torch loads
-
-passive_thread_waits()
+# The caller's OpenMP wait policy reaches both sides' workers alike (docs/train.md "Speed").
+THREAD_WAIT_VARS = ("OMP_WAIT_POLICY",)
 DEFAULT_PEER_PYTHON = "/work/peer-venv/bin/python"
 H, I, HEADS, KV, V = 576, 1536, 9, 3, 49152
 
@@ -137,8 +136,8 @@ def alternate(peer_python: str, precision: str, seq_len: int, ttt_length: int, v
     passthrough = ["--precision", precision, "--seq-len", str(seq_len), "--ttt-length", str(ttt_length),
                    "--vd", str(vd), "--threads", str(threads), "--iters", str(iters)]
     passthrough += ["--compile"] if compile_ours else []
-    env = passive_thread_waits({"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
-                                **{k: os.environ[k] for k in THREAD_WAIT_ENV if k in os.environ}})
+    env = {"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
+           **{k: os.environ[k] for k in THREAD_WAIT_VARS if k in os.environ}}
     runs: dict[str, list[dict]] = {"ours": [], "peer": []}
     for _ in range(rounds):
         for who, python in (("ours", sys.executable), ("peer", peer_python)):

@@ -33,9 +33,9 @@ Eagle3DraftModel, in its own venv, default /work/peer-venv/bin/python) next to o
 fresh processes, ours then the peer, alternating, same shape, threads and precision, and the same peaks and
 counted FLOPs, so both fractions and their ratio come from one run.
 
-OpenMP: this bench, like `eagle3 train`, sets OMP_WAIT_POLICY=PASSIVE where it is unset, before torch loads
-(eagle3.devices.THREAD_WAIT_ENV); `OMP_WAIT_POLICY=ACTIVE .venv/bin/python bench/train_bench.py ...` measures
-spinning workers instead.
+OpenMP: idle workers spin by default (OMP_WAIT_POLICY unset = active), the fastest on a quiet machine;
+`OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/train_bench.py ...` measures sleeping workers, which win only on a
+host shared with other jobs (docs/train.md "Speed"). The peer's worker gets the same setting as ours.
 
 usage: .venv/bin/python bench/train_bench.py [--precisions float32,bfloat16] [--vd 8192] [--rows 4]
        [--seq-len 512] [--ttt-length 7] [--iters 3] [--online [--model M] [--storage bf16]]
@@ -56,10 +56,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from eagle3.devices import passive_thread_waits  # noqa: E402 - torch-free
-
-passive_thread_waits()  # before torch loads: idle OpenMP workers sleep (eagle3.devices.THREAD_WAIT_ENV)
 
 import torch  # noqa: E402
 

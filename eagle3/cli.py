@@ -46,10 +46,6 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "train":  # before anything imports torch (eagle3.devices.THREAD_WAIT_ENV)
-        from eagle3.devices import passive_thread_waits
-
-        passive_thread_waits()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

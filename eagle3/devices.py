@@ -87,23 +87,6 @@ def resolve_device(name: str = "auto") -> str:
     return "cuda" if visible_devices() else "cpu"
 
 
-THREAD_WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
-"""OpenMP workers that sleep when idle instead of spinning. torch's CPU kernels run in OpenMP parallel regions;
-by default (libgomp) an idle worker spins up to ~300k iterations before it sleeps. On a machine shared with
-other jobs (this project's 2-core hosts run several stages at once) the spinning thread competes with the one
-doing the work: a bf16 training step at T=1024 took 13 CPU s spinning and 2.8 passive, 15 s and 3 s wall
-(docs/train.md "Speed"). A GEMM of 1024x576x1536 ran at 230 GFLOP per CPU-second spinning, 1450 passive."""
-
-
-def passive_thread_waits(env: dict | None = None) -> dict:
-    """Set `THREAD_WAIT_ENV` in ``env`` (default os.environ) where not set already; libgomp reads it once,
-    when torch loads, so call this before ``import torch`` (the train command does, in eagle3.cli)."""
-    env = os.environ if env is None else env
-    for k, v in THREAD_WAIT_ENV.items():
-        env.setdefault(k, v)
-    return env
-
-
 @contextlib.contextmanager
 def lease_device(n: int = 1, root: str | None = None, device_count: int | None = None,
                  timeout_s: float | None = None, poll_s: float = 0.5) -> Iterator[list[int] | str]:
