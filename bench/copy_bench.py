@@ -44,7 +44,7 @@ def main() -> None:
     from eagle3.draft.ttt import positions_in_sample, step0_mask
     from eagle3.evaluate.prompts import encode_prompt, load_prompt_sets
     from eagle3.evaluate.spec_decode import TargetRunner, eos_token_ids, greedy_generate
-    from eagle3.export import load_exported_draft, trained_aux_layer_ids
+    from eagle3.export import load_exported_draft, trained_aux_layers
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draft", required=True)
@@ -58,7 +58,7 @@ def main() -> None:
     tdir = target_mod.resolve_model(args.model)
     tok, model = target_mod.load_tokenizer(tdir), target_mod.load_model(tdir, precision=args.precision)
     cfg = json.loads((Path(args.draft) / "config.json").read_text())
-    runner = TargetRunner(model, trained_aux_layer_ids(cfg, args.draft))
+    runner = TargetRunner(model, trained_aux_layers(cfg, args.draft))
     draft = load_exported_draft(args.draft, load_target_embedding(tdir)).eval()
     eos = eos_token_ids(model, tok)
     # per class: correct[step], total[step]; tau sums for actual / oracle / hybrid

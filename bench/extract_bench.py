@@ -215,7 +215,7 @@ def main(argv=None) -> dict:
         write_samples(small, args.bytes_samples, args.seed + 1, cap.vocab_size, args.max_len)
         for option in OPTIONS:
             s = extract(ExtractConfig(merged=str(small), model=args.model, out=str(tmp / f"store-{option}"),
-                                      device="cpu", storage=option, token_budget=args.token_budget,
+                                      device="cpu", storage_option=option, token_budget=args.token_budget,
                                       precision="float32"))
             store = HiddenStateStore(s["store"])
             files = sum((Path(store.uri) / name).stat().st_size for name in store.shards)
@@ -224,7 +224,7 @@ def main(argv=None) -> dict:
                               "bytes_per_token_at_H7168": bytes_per_token(option, 7168)}
     head = runs.get((policy.name, "lean")) or next(iter(runs.values()))
     result = {
-        "model": args.model, "hidden_size": cap.hidden_size, "layers": cap.layers, "samples": args.samples,
+        "model": args.model, "hidden_size": cap.hidden_size, "aux_layers": cap.aux_layers, "samples": args.samples,
         "token_budget": args.token_budget, "threads": torch.get_num_threads(),
         "policy": policy.to_dict(), "peaks": {d: pk.to_dict() for d, pk in peaks.items()}, "best_peak": best.dtype,
         "peaks_before": {d: pk.to_dict() for d, pk in before.items()},
@@ -245,7 +245,7 @@ def main(argv=None) -> dict:
                  for (prec, path), r in runs.items()],
         "bytes_per_token": stored,
     }
-    print(f"{'model':28s} {args.model} (H={cap.hidden_size}, layers {cap.layers}, {result['threads']} threads)")
+    print(f"{'model':28s} {args.model} (H={cap.hidden_size}, aux layers {cap.aux_layers}, {result['threads']} threads)")
     print(f"{'torch.mm peaks':28s} fp32 {peaks['float32'].gflops:.1f} GFLOP/s (n={peaks['float32'].n}), "
           f"bf16 {peaks['bfloat16'].gflops:.1f} GFLOP/s (n={peaks['bfloat16'].n}); best: {best.dtype}")
     print(f"{'policy (auto) here':28s} {policy.name}: {policy.reason}")

@@ -60,8 +60,8 @@ def run_layout(run: str):
 def run_inputs(run: str) -> dict:
     """What the run trained on and how: its train config, steps, warm-up, variant, and what computed its states."""
     from eagle3 import checkpoint
-    from eagle3.config import from_dict
-    from eagle3.extract.store_format import STORE_JSON, resolve_store_dir
+    from eagle3.config import from_dict, renamed_keys
+    from eagle3.extract.store_format import read_store_json, resolve_store_dir
     from eagle3.train.config import TrainConfig
     from eagle3.train.inputs import store_key_of
 
@@ -69,8 +69,10 @@ def run_inputs(run: str) -> dict:
     ckpt_dir = checkpoint.latest_step_dir(layout.folder("checkpoint"))
     if ckpt_dir is None:
         raise SystemExit(f"{layout.folder('checkpoint')} holds no checkpoint: is {run} a finished eagle3_train run?")
-    state = json.load(open(os.path.join(ckpt_dir, checkpoint.STATE_FILE)))
-    tc = dict(state["train_config"])
+    state_file = os.path.join(ckpt_dir, checkpoint.STATE_FILE)
+    state = json.load(open(state_file))
+    # a checkpoint written before the keys' rename: the config under the current names (eagle3.config.RENAMED)
+    tc = renamed_keys(dict(state["train_config"]), TrainConfig.__dataclass_fields__, f"{state_file} train_config")
     steps = int(state["total_steps"])
     budget = state.get("budget") or {}
     warmup = int(budget.get("warmup") or max(1, round(tc["warmup_ratio"] * steps)))
@@ -78,7 +80,7 @@ def run_inputs(run: str) -> dict:
     store = None
     if tc.get("store") and not tc.get("online"):
         folder = resolve_store_dir(tc["store"], store_key_of(from_dict(TrainConfig, tc)))
-        store = json.load(open(os.path.join(folder, STORE_JSON)))
+        store = read_store_json(folder)
     # The engines that computed the trained samples' states (a re-run reuses what another engine stored).
     engines = json.load(open(layout.task_result("train"))).get("engines") or {}
     return {"layout": layout, "train_config": tc, "steps": steps, "warmup": warmup, "seed": int(tc["seed"]),
@@ -108,8 +110,8 @@ def extract_args(inputs: dict, engine: str, work: str) -> list[str]:
     if store is None:
         raise SystemExit("--vary target_engine needs a run that trained offline from a store")
     return ["extract", "--merged", tc["merged"], "--model", tc["model"], "--out", os.path.join(work, "store"),
-            "--engine", engine, "--layers", ",".join(str(i) for i in store["layers"]),
-            "--storage", store["storage"], "--precision", store["precision"]["name"]]
+            "--engine", engine, "--aux-layers", ",".join(str(i) for i in store["aux_layers"]),
+            "--storage-option", store["storage_option"], "--precision", store["precision"]["name"]]
 
 
 def reusable_report(run: str, prompts: str, limit: int, steps: int, max_new_tokens: int) -> dict | None:

@@ -20,7 +20,7 @@ Attention score/value products (O(T^2)) are NOT counted, so the fraction is a lo
 
 --online adds, for each precision, the whole online step (eagle3.train.online) side by side with the
 offline one: the target (--model, default the bundled SmolLM2) runs its forward over the micro-batch
-through OnlineSource.get_many (capture, encode/decode of --storage, collate), then the same draft step.
+through OnlineSource.get_many (capture, encode/decode of --storage-option, collate), then the same draft step.
 Its counted FLOPs add the target forward, 2 x (non-embedding target parameters) per token.
 
 --seq-lens L1,L2,... is the long-context mode (docs/train.md "Long context"): one row of each length, each
@@ -38,7 +38,7 @@ OpenMP: idle workers spin by default (OMP_WAIT_POLICY unset = active), the faste
 host shared with other jobs (docs/train.md "Speed"). The peer's worker gets the same setting as ours.
 
 usage: .venv/bin/python bench/train_bench.py [--precisions float32,bfloat16] [--vd 8192] [--rows 4]
-       [--seq-len 512] [--ttt-length 7] [--iters 3] [--online [--model M] [--storage bf16]]
+       [--seq-len 512] [--ttt-length 7] [--iters 3] [--online [--model M] [--storage-option bf16]]
        .venv/bin/python bench/train_bench.py --seq-lens 2048,8192 [--attention blockwise,dense]
        [--precisions bfloat16] [--iters 1] [--no-warmup] [--checkpoint-steps]
        .venv/bin/python bench/train_bench.py --rows 1 --seq-len 1024 --threads 2 --iters 2 --peer [PYTHON]
@@ -103,7 +103,7 @@ def build(vd: int, dev: str):
     torch.manual_seed(0)
     cfg = DraftConfig(hidden_size=H, intermediate_size=I, num_attention_heads=HEADS, num_key_value_heads=KV,
                       head_dim=H // HEADS, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=8192,
-                      vocab_size=V, draft_vocab_size=vd, aux_layer_ids=(1, 14, 26))
+                      vocab_size=V, draft_vocab_size=vd, aux_layers=(1, 14, 26))
     d2t = torch.randperm(V)[:vd].sort().values - torch.arange(vd)
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[torch.arange(vd) + d2t] = True
@@ -114,7 +114,7 @@ def build(vd: int, dev: str):
     return draft, head, torch.optim.AdamW(draft.parameters(), lr=1e-4, betas=(0.9, 0.95))
 
 
-def online_source(model: str, storage: str, precision: str, dev: str, rows: int, seq_len: int):
+def online_source(model: str, storage_option: str, precision: str, dev: str, rows: int, seq_len: int):
     """An OnlineSource over ``rows`` random samples of ``seq_len`` tokens, the target on ``dev``."""
     import numpy as np
 
@@ -130,7 +130,7 @@ def online_source(model: str, storage: str, precision: str, dev: str, rows: int,
     ids = rng.integers(3, V, rows * seq_len).astype(np.int32)
     tokens = MergedTokens(ids, np.ones_like(ids, dtype=np.uint8), np.arange(rows + 1, dtype=np.int64) * seq_len)
     samples = {f"s{r}": Sample(f"s{r}", seq_len, r) for r in range(rows)}
-    return OnlineSource(cap, storage, samples, tokens, "bench"), list(samples)
+    return OnlineSource(cap, storage_option, samples, tokens, "bench"), list(samples)
 
 
 def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters: int, source=None,
@@ -248,7 +248,7 @@ def main() -> None:
     ap.add_argument("--online", action="store_true",
                     help="also time the online step (target forward + draft step) next to each offline one")
     ap.add_argument("--model", default="smollm2-135m-instruct", help="--online: the target (H=576, V=49152)")
-    ap.add_argument("--storage", default="bf16", help="--online: the storage option whose quantisation applies")
+    ap.add_argument("--storage-option", default="bf16", help="--online: the storage option whose quantisation applies")
     ap.add_argument("--seq-lens", default="", help="long-context mode: comma-separated lengths, one row each")
     ap.add_argument("--attention", default="blockwise,dense",
                     help="--seq-lens: TTT attentions to run side by side (blockwise, dense)")
@@ -282,7 +282,7 @@ def main() -> None:
         rows, seq_len, iters = (1, max(16, args.seq_len // 8), 1) if slow else (args.rows, args.seq_len, args.iters)
         runs.append({**run_precision(p, args, dev, rows, seq_len, iters), "reduced_shape": slow})
         if args.online:
-            src = online_source(args.model, args.storage, p, dev, rows, seq_len)
+            src = online_source(args.model, args.storage_option, p, dev, rows, seq_len)
             runs.append({**run_precision(p, args, dev, rows, seq_len, iters, src), "reduced_shape": slow,
                          "target_forward": src[0].capture.forward_path})
     peer_runs = {}

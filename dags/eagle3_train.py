@@ -127,7 +127,7 @@ PARAMS = form_params({
                         description="Three target layer ids whose outputs the draft reads, comma-separated "
                                     "(e.g. ``1,14,26``). Empty: the target's default [1, L/2-1, L-4], which "
                                     "is 1,14,26 for the 30-layer SmolLM2."),
-    "storage_option": config_param(ExtractConfig, "storage", enum=list(storage_options.OPTIONS),
+    "storage_option": config_param(ExtractConfig, "storage_option", enum=list(storage_options.OPTIONS),
                                    title="Hidden-state storage",
                                    description="Bytes stored per token: " + storage_options.describe()),
     "training_mode": config_param(VerifyConfig, "training_mode", enum=list(TRAINING_MODES), title="Training mode"),
@@ -187,7 +187,7 @@ ONLINE = "{{ ti.xcom_pull(task_ids='verify', key='training_mode') == 'online' }}
 TRAIN_BUDGET = "{{ ti.xcom_pull(task_ids='verify', key='train_token_budget') or params.train_token_budget }}"
 # "1,14,26" -> [1, 14, 26]; empty -> None (the target's default layers). A list Param emptied in the form is
 # null: its templates read `params.x or []`.
-LAYERS = "{{ params.aux_layers | layer_ids }}"
+AUX_LAYERS = "{{ params.aux_layers | layer_ids }}"
 
 
 def layer_ids(text: str | None) -> list[int] | None:
@@ -255,7 +255,7 @@ def eagle3_train():
     stats = Eagle3StageOperator(
         task_id="stats", stage="stats", **common,
         config={"prepared": layout.prepared(ROOT), "out": RUN.folder("stats"), "model": "{{ params.model }}",
-                "max_seq_len": "{{ params.max_seq_len }}", "storage": "{{ params.storage_option }}",
+                "max_seq_len": "{{ params.max_seq_len }}", "storage_option": "{{ params.storage_option }}",
                 "tokens_per_s": "{{ params.extract_tokens_per_s }}"})
     merge = Eagle3StageOperator(
         task_id="merge", stage="merge", **common,
@@ -264,7 +264,7 @@ def eagle3_train():
     verify = VerifyOperator(
         task_id="verify", **common,
         config={"merged": RUN.folder("merged"), "model": "{{ params.model }}", "store": layout.store(ROOT),
-                "storage": "{{ params.storage_option }}", "tokens_per_s": "{{ params.extract_tokens_per_s }}",
+                "storage_option": "{{ params.storage_option }}", "tokens_per_s": "{{ params.extract_tokens_per_s }}",
                 # what this run merged with: a stale merge of another run fails the gate
                 "expect_seed": "{{ params.seed }}", "expect_max_seq_len": "{{ params.max_seq_len }}",
                 "expect_drop": "{{ params.drop or [] }}", "expect_manifest": "{{ params.manifest }}",
@@ -288,7 +288,7 @@ def eagle3_train():
         task_id="extract", map_index_template="{{ task.mapped.shard }}", online=ONLINE, pool_slots=TARGET_GPUS,
         **GPU, **common,
         config={"merged": RUN.folder("merged"), "model": "{{ params.model }}", "out": layout.store(ROOT),
-                "layers": LAYERS, "storage": "{{ params.storage_option }}",
+                "aux_layers": AUX_LAYERS, "storage_option": "{{ params.storage_option }}",
                 "token_budget": "{{ params.extract_token_budget }}", "precision": "{{ params.precision }}",
                 "engine": "{{ params.target_engine }}",
                 "tensor_parallel_size": "{{ params.target_tensor_parallel_size }}"},
@@ -297,7 +297,8 @@ def eagle3_train():
     train = TrainOperator(
         task_id="train", nproc=TRAIN_GPUS, pool_slots=TRAIN_SLOTS, trigger_rule="none_failed",
         **GPU, **common,
-        config={"store": layout.store(ROOT), "layers": LAYERS, "storage": "{{ params.storage_option }}",
+        config={"store": layout.store(ROOT), "aux_layers": AUX_LAYERS,
+                "storage_option": "{{ params.storage_option }}",
                 "merged": RUN.folder("merged"), "vocab": RUN.folder("vocab"), "out": RUN.folder("checkpoint"),
                 "model": "{{ params.model }}", "ttt_length": "{{ params.ttt_length }}", "epochs": "{{ params.epochs }}",
                 "lr": "{{ params.lr }}", "token_budget": TRAIN_BUDGET,

@@ -5,6 +5,10 @@ class is the schema of the CLI (its flags, types, defaults and help are derived
 here, so argparse is no second schema), of the JSON a subprocess stage receives
 (``eagle3 <stage> --config cfg.json``) and of the DAG's Params (defaults and
 descriptions are read from the fields). Unknown keys are refused.
+
+``RENAMED`` is the one table of renamed keys: an old name is still read, with a deprecation message, for
+one release, wherever its new name is valid (Config JSON and keyword arguments, the command line, store.json,
+a draft checkpoint's config.json).
 """
 
 from __future__ import annotations
@@ -15,26 +19,83 @@ import dataclasses
 import functools
 import inspect
 import json
+import logging
 import textwrap
 import types
 import typing
-from typing import Any, TypeVar
+import warnings
+from typing import Any, Iterable, TypeVar
 
 from eagle3.errors import InputError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 DEFAULT_SEED = 42
 """The seed every seeded stage (regenerate, merge, train) starts from unless told otherwise."""
 
 
+RENAMED = {
+    "storage": "storage_option",  # the quantisation option (``eagle3.storage`` is the file/S3 layer)
+    "layers": "aux_layers",
+    "aux_layer_ids": "aux_layers",
+}
+"""Old key -> its one name (issue 23). Read for one more release, with a deprecation message, then refused."""
+
+
+def renamed_keys(data: dict[str, Any], names: Iterable[str], where: str, spell=lambda k: k,
+                 fix: str = "") -> dict[str, Any]:
+    """``data`` with each old key (``RENAMED``) whose new name is in ``names`` renamed to it, saying so once per
+    key (a log warning and a DeprecationWarning naming ``where``, both names as ``spell`` writes them, e.g. as
+    flags, and ``fix``). Giving both names is an InputError."""
+    names = set(names)
+    old = [k for k in data if k not in names and RENAMED.get(k) in names]
+    if not old:
+        return data
+    out = {k: v for k, v in data.items() if k not in old}
+    for k in old:
+        new = RENAMED[k]
+        if new in out:
+            raise InputError(f"{where}: {spell(k)} and {spell(new)} name the same setting; keep {spell(new)} only")
+        deprecated(f"{where}: {spell(k)} is deprecated, use {spell(new)}{f' ({fix})' if fix else ''}; the old "
+                   "name is read for one more release")
+        out[new] = data[k]
+    return out
+
+
+def deprecated(message: str) -> None:
+    """Say that an old name was used: in the log (what a CLI or Airflow user reads) and as a DeprecationWarning
+    (what ``python -W error`` and the tests catch)."""
+    log.warning(message)
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+
+
+def renamed_fields(cls: type[T]) -> type[T]:
+    """Class decorator for a Config dataclass: its keyword arguments also take the old names (``RENAMED``)
+    of its fields, for one release."""
+    init, names = cls.__init__, {f.name for f in dataclasses.fields(cls)}
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **renamed_keys(kwargs, names, cls.__name__))
+
+    cls.__init__ = __init__
+    return cls
+
+
+def old_names(name: str) -> list[str]:
+    """The old names of field ``name`` (``RENAMED``)."""
+    return [old for old, new in RENAMED.items() if new == name]
+
+
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     """Build dataclass ``cls`` from ``data``; unknown keys are an InputError
-    naming the dotted key and listing the valid ones."""
+    naming the dotted key and listing the valid ones (old names, ``RENAMED``, are read with a warning)."""
     if not isinstance(data, dict):
         raise InputError(f"{where or cls.__name__}: expected a JSON object of {cls.__name__} fields, "
                          f"got {type(data).__name__}")
     names = {f.name for f in dataclasses.fields(cls)}
+    data = renamed_keys(data, names, where or cls.__name__)
     prefix = f"{where}." if where else ""
     unknown = sorted(set(data) - names)
     if unknown:
@@ -179,7 +240,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, aliases:
                          skip: tuple[str, ...] = (), choices: dict[str, tuple] | None = None) -> None:
     """One flag per field of ``cls``: ``--field-name`` (plus ``aliases[field]``), typed, with the field's
     docstring and default as help. Flags not given stay out of the namespace, so ``config_from_args``
-    lets the dataclass supply its defaults (one owner) and ``--config FILE`` fill the rest."""
+    lets the dataclass supply its defaults (one owner) and ``--config FILE`` fill the rest. A field's old
+    names (``RENAMED``) are hidden flags of their own that ``config_from_args`` reads with a warning."""
     aliases, choices = aliases or {}, choices or {}
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     group = parser.add_argument_group(f"{cls.__name__} fields (or all of them as JSON with --config)")
@@ -194,13 +256,16 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, aliases:
             help_text += " (required)"
         else:
             help_text += f" (default: {default(cls, f.name)!r})"
-        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text.replace("%", "%%")}
+        kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "help": help_text.replace("%", "%%")}
         if base is bool:
-            group.add_argument(*names, action=argparse.BooleanOptionalAction, **kwargs)
-            continue
-        metavar = "N" if base is int else "X" if base is float else "A,B" if typing.get_origin(base) is tuple else None
-        group.add_argument(*names, type=functools.partial(_parse_text, tp=tp, flag=names[0]),
-                           metavar=metavar, choices=choices.get(f.name), **kwargs)
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs.update(type=functools.partial(_parse_text, tp=tp, flag=names[0]), choices=choices.get(f.name),
+                          metavar="N" if base is int else "X" if base is float
+                          else "A,B" if typing.get_origin(base) is tuple else None)
+        group.add_argument(*names, dest=f.name, **kwargs)
+        for old in old_names(f.name):
+            group.add_argument(flag_name(old), **{**kwargs, "dest": old, "help": argparse.SUPPRESS})
 
 
 def config_from_args(cls: type[T], args: argparse.Namespace, base: dict[str, Any] | None = None) -> T:
@@ -214,7 +279,9 @@ def config_from_args(cls: type[T], args: argparse.Namespace, base: dict[str, Any
             data = storage.read_json(path)
         except (OSError, ValueError) as e:
             raise InputError(f"--config {path}: not a readable JSON file ({e})", file=path) from e
-    data.update(base or {})
     names = {f.name for f in dataclasses.fields(cls)}
-    data.update({k: v for k, v in vars(args).items() if k in names})
+    data = renamed_keys(data, names, f"--config {path}")
+    data.update(base or {})
+    flags = {k: v for k, v in vars(args).items() if k in names or RENAMED.get(k) in names}
+    data.update(renamed_keys(flags, names, "command line", spell=flag_name))
     return from_dict(cls, data, cls.__name__)

@@ -114,7 +114,7 @@ def export_tensors(state: dict[str, Any], dtype: str, where: str, variant: str =
     return out
 
 
-def engine_aux_layer_ids(trained: list[int]) -> dict[str, Any]:
+def engine_aux_layer_keys(trained: list[int]) -> dict[str, Any]:
     """The aux-layer keys of the draft's config.json, right for both engines.
 
     Ours are the target layers whose OUTPUT feeds the draft (hidden_states[i+1] in HF terms).
@@ -132,7 +132,7 @@ def engine_aux_layer_ids(trained: list[int]) -> dict[str, Any]:
                              "use_aux_hidden_state": True}}
 
 
-def trained_aux_layer_ids(config: dict, where: str) -> list[int]:
+def trained_aux_layers(config: dict, where: str) -> list[int]:
     """The aux layer ids (layer outputs) a draft's config.json was trained on; refuses a config whose two
     keys disagree (an edited export), since each engine would then capture other layers."""
     ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -149,7 +149,7 @@ def trained_aux_layer_ids(config: dict, where: str) -> list[int]:
 def draft_config_json(cfg, dtype: str) -> dict[str, Any]:
     """config.json of the exported draft: SGLang's and vLLM's LlamaForCausalLMEagle3.
 
-    The aux layer ids: :func:`engine_aux_layer_ids`. SGLang's default with no ids, [2, L/2, L-3] as
+    The aux layer ids: :func:`engine_aux_layer_keys`. SGLang's default with no ids, [2, L/2, L-3] as
     layer inputs, equals our default [1, L/2-1, L-4] as outputs. `tie_word_embeddings` must be false:
     SGLang would otherwise use the embedding as lm_head (SmolLM2 itself is tied).
     """
@@ -173,7 +173,7 @@ def draft_config_json(cfg, dtype: str) -> dict[str, Any]:
         "attention_bias": False,
         "mlp_bias": False,
         "torch_dtype": dtype,
-        **engine_aux_layer_ids(list(cfg.aux_layer_ids)),
+        **engine_aux_layer_keys(list(cfg.aux_layers)),
         **variant_keys(cfg),
         **window_keys(cfg),
     }
@@ -233,7 +233,7 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
     summary = {"out": cfg.out, "source": step_dir, "tensors": len(tensors), "bytes": size,
                "draft_variant": draft_cfg.variant,
                "sha256": sha, "dtype": cfg.dtype, "draft_vocab_size": draft_cfg.draft_vocab_size,
-               "aux_layer_ids": list(draft_cfg.aux_layer_ids)}
+               "aux_layers": list(draft_cfg.aux_layers)}
     log.info("exported %s -> %s (%d tensors, %.1f MB)", step_dir, cfg.out, len(tensors), size / 1e6)
     return summary
 
@@ -259,7 +259,7 @@ def capture_draft_config(target_config: dict, aux_layers: list[int], tensor_para
     plain = {**target_config, "rope_scaling": None, "rope_parameters": None,
              "rope_theta": target_config.get("rope_theta", rope.get("rope_theta", 10000.0))}
     vd = min(config_vocab_size(target_config, "target config.json"), CAPTURE_DRAFT_VOCAB)
-    cfg = DraftConfig.from_target(plain, vd, aux_layer_ids=list(aux_layers))
+    cfg = DraftConfig.from_target(plain, vd, aux_layers=list(aux_layers))
     return dataclasses.replace(cfg, num_attention_heads=heads, num_key_value_heads=heads, head_dim=128,
                                intermediate_size=128 * tp)
 
@@ -348,7 +348,7 @@ def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
         rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_theta"], rope_scaling=c.get("rope_scaling"),
         max_position_embeddings=c["max_position_embeddings"], vocab_size=c["vocab_size"],
         draft_vocab_size=c["draft_vocab_size"],
-        aux_layer_ids=tuple(trained_aux_layer_ids(c, storage.join(draft_dir, "config.json"))),
+        aux_layers=tuple(trained_aux_layers(c, storage.join(draft_dir, "config.json"))),
         hidden_act=c.get("hidden_act", "silu"),
         variant=exported_variant(c, storage.join(draft_dir, "config.json")),
         sliding_window=int(c.get("sliding_window") or 0),

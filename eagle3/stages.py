@@ -130,26 +130,26 @@ more than --max-reject-share of a dataset's records are refused.
 example:
   eagle3 tokenize --manifest data/manifest.yaml --tokenizer smollm2-135m-instruct --out prep/"""),
     Stage("stats", "per-dataset token/sample statistics of a prepared folder", "StatsConfig",
-          choices={"storage": _STORAGE}, say="eagle3.stats:say"),
+          choices={"storage_option": _STORAGE}, say="eagle3.stats:say"),
     Stage("merge", "drop, truncate, dedupe and shuffle prepared datasets into train.parquet", "MergeConfig",
           usage="""Drop, truncate, dedupe and shuffle prepared datasets into one train.parquet.
 
   eagle3 merge --prepared PREP --out MERGED --max-seq-len 2048 --seed 42 --drop long_reports"""),
     Stage("verify", "re-check a merged dataset and write verify.json (the gate)", "VerifyConfig",
-          choices={"storage": _STORAGE, "training_mode": "eagle3.verify.mode:MODES"},
+          choices={"storage_option": _STORAGE, "training_mode": "eagle3.verify.mode:MODES"},
           usage="""Re-check a merged dataset and write MERGED/verify.json (the gate); exit 3 when a check fails.
 
-  eagle3 verify --merged MERGED --model smollm2-135m-instruct --storage fp8 --store STORE"""),
+  eagle3 verify --merged MERGED --model smollm2-135m-instruct --storage-option fp8 --store STORE"""),
     Stage("vocab", "build the draft vocab map d2t/t2d from loss-token frequencies", "VocabConfig",
           usage="""Build the draft vocab map d2t/t2d from the loss-token frequencies of a merged dataset.
 
   eagle3 vocab --merged MERGED --draft-vocab-size 8192 --out VOCAB"""),
     Stage("extract", "run the target and store aux/last hidden states in packed shards", "ExtractConfig",
-          subprocess=True, choices={"storage": _STORAGE, "precision": _PRECISION,
+          subprocess=True, choices={"storage_option": _STORAGE, "precision": _PRECISION,
                                     "engine": "eagle3.extract.config:ENGINES"},
           usage="""Run the target over the merged dataset and store aux-layer / final-norm hidden states.
 
-Writes STORE/<model_fp>-L<a>_<b>_<c>-<storage>/ (see docs/extract.md). Samples
+Writes STORE/<model_fp>-L<a>_<b>_<c>-<storage_option>/ (see docs/extract.md). Samples
 already in the store are skipped, so a re-run resumes after a crash and extracts
 only new data. Exit code 75 after an out-of-memory: the halved token budget is
 saved, and a re-run continues with it.
@@ -158,7 +158,7 @@ saved, and a re-run continues with it.
 
 --engine vllm serves the target with vLLM in hidden-state extraction mode instead (the same store; with
 --tensor-parallel-size etc. for targets transformers cannot hold; see docs/extract.md). --engine sglang
-serves it with SGLang as the target of a capture draft (--storage fp8-topk only; untested against a real
+serves it with SGLang as the target of a capture draft (--storage-option fp8-topk only; untested against a real
 SGLang)."""),
     Stage("train", "train the EAGLE-3 draft with training-time test", "TrainConfig", subprocess=True,
           aliases={"model": ("--target",)},
@@ -173,7 +173,7 @@ twice the accumulation; re-run the same command to resume).
 
 Online: `eagle3 train --online --merged MERGED --model T [--store STORE] ...` runs the target inside
 training (samples the store lacks are computed per micro-batch; --write-back stores them);
-`--target-engine vllm` (or `sglang`, with --storage fp8-topk) gets them from a server this run starts,
+`--target-engine vllm` (or `sglang`, with --storage-option fp8-topk) gets them from a server this run starts,
 prefetched in the background.
 
 Data-parallel: `eagle3 train --nproc N ...` launches torchrun itself and keeps the exit codes above (torchrun

@@ -11,7 +11,7 @@ it adds: tokens (truncated to max_seq_len) x the storage option's bytes per toke
 Writes PREP/stats_table.json and PREP/stats_table.txt (and copies them to --out).
 
 example:
-  eagle3 stats --prepared prep/ --max-seq-len 8192 --model smollm2-135m-instruct --storage fp8
+  eagle3 stats --prepared prep/ --max-seq-len 8192 --model smollm2-135m-instruct --storage-option fp8
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3 import storage, storage_options
+from eagle3.config import renamed_fields
 from eagle3.errors import InputError
 from eagle3.progress import fmt_duration
 
@@ -31,6 +32,7 @@ FLAG_RATIO = 2.0
 FLAG_MIN_TOKEN_SHARE = 0.10
 
 
+@renamed_fields
 @dataclass(frozen=True)
 class StatsConfig:
     prepared: str
@@ -43,7 +45,7 @@ class StatsConfig:
     """Target whose hidden size prices the extraction (its config.json only is read)."""
     hidden_size: int | None = None
     """H when no model is given; default: storage_options.REFERENCE_HIDDEN_SIZE."""
-    storage: str = storage_options.DEFAULT
+    storage_option: str = storage_options.DEFAULT
     """Storage option the store will use (its bytes per token price the extraction)."""
     tokens_per_s: float = storage_options.DEFAULT_EXTRACT_TOKENS_PER_S
     """Extraction speed (all shards together) for the hours estimate."""
@@ -53,7 +55,7 @@ class StatsConfig:
     """... and at least this share of all tokens."""
 
     def __post_init__(self):
-        storage_options.option(self.storage)
+        storage_options.option(self.storage_option)
         if self.model and self.hidden_size:
             raise InputError("StatsConfig: give model or hidden_size, not both")
         if self.max_seq_len < 1 or (self.hidden_size is not None and self.hidden_size < 1) or self.tokens_per_s <= 0:
@@ -110,7 +112,7 @@ def compute_stats(cfg: StatsConfig, write: bool = True) -> dict[str, Any]:
     df = pd.DataFrame(rows)
     df["sample_share"] = df["samples"] / max(int(df["samples"].sum()), 1)
     df["token_share"] = df["tokens"] / max(int(df["tokens"].sum()), 1)
-    bpt = storage_options.bytes_per_token(cfg.storage, hidden_size)
+    bpt = storage_options.bytes_per_token(cfg.storage_option, hidden_size)
     # A dataset's share of the store (its tokens and their offsets); the total is the store's, priced as the gate does.
     df["extract_bytes"] = storage_options.stored_bytes(bpt, df["tokens_after_cap"], df["samples"], shards=0)
     df["extract_hours"] = df["tokens_after_cap"] / tokens_per_s / 3600
@@ -127,7 +129,7 @@ def compute_stats(cfg: StatsConfig, write: bool = True) -> dict[str, Any]:
     } for r in df[df["flagged"]].itertuples()]
     result = {
         "prepared": str(prepared), "max_seq_len": max_seq_len, "hidden_size": hidden_size,
-        "storage": cfg.storage, "bytes_per_token": bpt, "tokens_per_s": tokens_per_s,
+        "storage_option": cfg.storage_option, "bytes_per_token": bpt, "tokens_per_s": tokens_per_s,
         "flag_rule": {"ratio": flag_ratio, "min_token_share": flag_min_token_share},
         "datasets": json.loads(df.to_json(orient="records")),
         "totals": {"samples": int(df["samples"].sum()), "tokens": int(df["tokens"].sum()),
@@ -162,7 +164,7 @@ def format_table(result: dict[str, Any]) -> str:
              f"total: {t['samples']} samples, {t['tokens']} tokens, {t['loss_tokens']} loss tokens; extraction "
              f"~{_fmt_bytes(t['extract_bytes'])}, ~{fmt_duration(t['extract_hours'] * 3600)} "
              f"at {result['tokens_per_s']:,.0f} tok/s "
-             f"(H={result['hidden_size']}, {result['storage']}: {result['bytes_per_token']} B/token, "
+             f"(H={result['hidden_size']}, {result['storage_option']}: {result['bytes_per_token']} B/token, "
              f"max_seq_len {result['max_seq_len']})"]
     lines += [f"FLAG {f['message']}" for f in result["flags"]]
     return "\n".join(lines)

@@ -134,7 +134,7 @@ def estimate_hidden_size(model: str | None, hidden_size: int | None) -> int:
 def extraction_estimate(name: str, hidden_size: int, tokens: int, samples: int,
                         tokens_per_s: float = DEFAULT_EXTRACT_TOKENS_PER_S) -> dict:
     """Bytes and hours of extracting ``tokens`` tokens in ``samples`` samples (stats, the gate, extract)."""
-    return {"storage": name, "hidden_size": hidden_size, "tokens": tokens, "samples": samples,
+    return {"storage_option": name, "hidden_size": hidden_size, "tokens": tokens, "samples": samples,
             "bytes_per_token": bytes_per_token(name, hidden_size),
             "bytes": store_bytes(name, hidden_size, tokens, samples),
             "tokens_per_s": tokens_per_s, "hours": tokens / tokens_per_s / 3600}

@@ -253,10 +253,10 @@ def refuse_capped_logits(softcap, model: str) -> None:
                          "from `last` assume plain lm_head logits")
 
 
-def aux_layers(layers: list[int] | None, num_layers: int, model: str) -> list[int]:
-    """The aux layers an extraction reads: ``layers`` (3 ids in [0, L-2]: the last layer's output is the
+def resolve_aux_layers(aux_layers: list[int] | None, num_layers: int, model: str) -> list[int]:
+    """The aux layers an extraction reads: ``aux_layers`` (3 ids in [0, L-2]: the last layer's output is the
     normed ``last``), or the default; an InputError otherwise."""
-    chosen = list(layers) if layers else default_aux_layers(num_layers)
+    chosen = list(aux_layers) if aux_layers else default_aux_layers(num_layers)
     bad = [i for i in chosen if not 0 <= i < num_layers - 1]
     if bad or len(chosen) != 3:
         raise InputError(

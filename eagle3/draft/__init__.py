@@ -3,7 +3,7 @@
 Public API (heavy names load torch on first use, so `import eagle3.draft`
 stays cheap for the CLI):
 
-    DraftConfig.from_target_dir(model_dir, draft_vocab_size, aux_layer_ids=None)
+    DraftConfig.from_target_dir(model_dir, draft_vocab_size, aux_layers=None)
     build_draft(cfg, target_dir, d2t, t2d, init="target"|"random", seed=0) -> Eagle3Draft
     Eagle3Draft.from_state_dict(cfg, state, embed_weight)     # keeps the state's d2t/t2d
     draft.step(input_ids, hidden, position_ids, cache) -> (logits [B,T,Vd], hidden_out [B,T,H])

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle3.config import from_dict, renamed_fields
 from eagle3.errors import InputError
 
 # Rope variants the draft implements (eagle3/draft/model.py:rope_inv_freq).
@@ -23,6 +24,7 @@ DEFAULT_TTT_LENGTH = 7
 DEFAULT_STEP_DECAY = 0.8
 
 
+@renamed_fields
 @dataclass(frozen=True)
 class DraftConfig:
     """Shapes of the one-layer EAGLE-3 draft; every value mirrors the target."""
@@ -47,7 +49,7 @@ class DraftConfig:
     """V: the target's vocabulary (t2d is V long)."""
     draft_vocab_size: int
     """Vd: the draft lm_head's rows (d2t is Vd long)."""
-    aux_layer_ids: tuple[int, ...]
+    aux_layers: tuple[int, ...]
     """Target layers whose *outputs* form aux = cat(...) (3 ids; SGLang's meaning)."""
     rope_scaling: dict[str, Any] | None = None
     """The target's rope scaling dict (`rope_type` linear/llama3) or None."""
@@ -79,8 +81,8 @@ class DraftConfig:
                 f"DraftConfig.draft_vocab_size={self.draft_vocab_size} exceeds vocab_size={self.vocab_size}; "
                 "pick a draft vocab no larger than the target's"
             )
-        if len(self.aux_layer_ids) != 3:
-            raise InputError(f"DraftConfig.aux_layer_ids must name 3 target layers, got {list(self.aux_layer_ids)}")
+        if len(self.aux_layers) != 3:
+            raise InputError(f"DraftConfig.aux_layers must name 3 target layers, got {list(self.aux_layers)}")
         if self.hidden_act != "silu":
             raise InputError(f"DraftConfig.hidden_act={self.hidden_act!r} is not supported; only 'silu' is")
         rope_type = rope_type_of(self.rope_scaling)
@@ -92,7 +94,7 @@ class DraftConfig:
             raise InputError(f"DraftConfig.sliding_window must be an int >= 0 (0: off), got {self.sliding_window!r}")
         if self.variant not in DRAFT_VARIANTS:
             raise InputError(f"DraftConfig.variant={self.variant!r} is not one of {', '.join(DRAFT_VARIANTS)}")
-        object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
+        object.__setattr__(self, "aux_layers", tuple(int(i) for i in self.aux_layers))
 
     @property
     def fc_norm(self) -> bool:
@@ -106,11 +108,11 @@ class DraftConfig:
 
     @classmethod
     def from_target(cls, target: dict[str, Any], draft_vocab_size: int,
-                    aux_layer_ids: list[int] | None = None, variant: str = DEFAULT_DRAFT_VARIANT,
+                    aux_layers: list[int] | None = None, variant: str = DEFAULT_DRAFT_VARIANT,
                     sliding_window: int = 0, **extra: Any) -> "DraftConfig":
         """Mirror a target's HF config dict (transformers 4 or 5 layout).
 
-        ``aux_layer_ids`` defaults to EAGLE-3's [1, L/2-1, L-4] (layer outputs).
+        ``aux_layers`` defaults to EAGLE-3's [1, L/2-1, L-4] (layer outputs).
         """
         from eagle3.target import config_vocab_size, default_aux_layers
 
@@ -140,7 +142,7 @@ class DraftConfig:
             max_position_embeddings=int(target.get("max_position_embeddings", 4096)),
             vocab_size=config_vocab_size(target, "target config.json"),
             draft_vocab_size=int(draft_vocab_size),
-            aux_layer_ids=tuple(aux_layer_ids or default_aux_layers(int(need("num_hidden_layers")))),
+            aux_layers=tuple(aux_layers or default_aux_layers(int(need("num_hidden_layers")))),
             # The draft layer is SGLang's and vLLM's LlamaForCausalLMEagle3, whose LlamaMLP takes
             # SiLU only: a GELU target (Gemma) still gets a SiLU draft, trained from its aux states.
             hidden_act="silu",
@@ -153,27 +155,23 @@ class DraftConfig:
 
     @classmethod
     def from_target_dir(cls, model_dir: str, draft_vocab_size: int,
-                        aux_layer_ids: list[int] | None = None, variant: str = DEFAULT_DRAFT_VARIANT,
+                        aux_layers: list[int] | None = None, variant: str = DEFAULT_DRAFT_VARIANT,
                         **extra: Any) -> "DraftConfig":
         """`from_target` on ``model_dir/config.json`` (local or s3)."""
         from eagle3.target import read_config
 
-        return cls.from_target(read_config(model_dir), draft_vocab_size, aux_layer_ids, variant, **extra)
+        return cls.from_target(read_config(model_dir), draft_vocab_size, aux_layers, variant, **extra)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict; `from_dict` inverts it. This is the checkpoint's config.json."""
         d = dataclasses.asdict(self)
-        d["aux_layer_ids"] = list(self.aux_layer_ids)
+        d["aux_layers"] = list(self.aux_layers)
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "draft config") -> "DraftConfig":
-        """Inverse of `to_dict`; unknown keys are refused (they name ``where``)."""
-        from eagle3.config import from_dict
-
-        data = dict(data)
-        if "aux_layer_ids" in data:
-            data["aux_layer_ids"] = tuple(data["aux_layer_ids"])
+        """Inverse of `to_dict`; unknown keys are refused (they name ``where``). A checkpoint written before the
+        rename (``aux_layer_ids``) reads with a deprecation message (eagle3.config.RENAMED)."""
         return from_dict(cls, data, where)
 
 

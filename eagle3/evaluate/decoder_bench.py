@@ -42,7 +42,7 @@ def _load(cfg: EvaluateConfig, device: str, precision: str):
     from eagle3 import target as target_mod
     from eagle3.draft.build import load_target_embedding
     from eagle3.evaluate.spec_decode import Eagle3DraftStepper, TargetRunner
-    from eagle3.export import load_exported_draft, trained_aux_layer_ids
+    from eagle3.export import load_exported_draft, trained_aux_layers
 
     target_dir = target_mod.resolve_model(cfg.model)
     draft_dir = storage.local_dir(cfg.draft)
@@ -50,7 +50,7 @@ def _load(cfg: EvaluateConfig, device: str, precision: str):
     if not storage.exists(draft_cfg_path):
         raise InputError(f"--draft {cfg.draft!r} has no config.json; point it at an `eagle3 export` output")
     draft_cfg = storage.read_json(draft_cfg_path)
-    aux_ids = trained_aux_layer_ids(draft_cfg, draft_cfg_path)
+    aux_layers = trained_aux_layers(draft_cfg, draft_cfg_path)
     tokenizer = target_mod.load_tokenizer(target_dir)
     model = target_mod.load_model(target_dir, device=device, precision=precision)
     vocab_size = target_mod.vocab_size(target_dir)
@@ -58,7 +58,7 @@ def _load(cfg: EvaluateConfig, device: str, precision: str):
         raise InputError(f"{draft_cfg_path}: vocab_size={draft_cfg.get('vocab_size')} but the target "
                          f"{cfg.model!r} has {vocab_size}; was the draft trained for another target?")
     draft = load_exported_draft(draft_dir, load_target_embedding(target_dir)).to(device)
-    return tokenizer, model, TargetRunner(model, aux_ids), Eagle3DraftStepper(draft), aux_ids, target_dir
+    return tokenizer, model, TargetRunner(model, aux_layers), Eagle3DraftStepper(draft), aux_layers, target_dir
 
 
 def _prompt_row(set_name: str, prompt, ids: list[int], base, spec, steps: int, tokenizer, precision: str,
@@ -116,7 +116,7 @@ def measure(cfg: EvaluateConfig) -> dict[str, Any]:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
-    tokenizer, model, target, draft, aux_ids, target_dir = _load(cfg, device, precision.name)
+    tokenizer, model, target, draft, aux_layers, target_dir = _load(cfg, device, precision.name)
     from eagle3.evaluate.lossless import TargetRescorer, verdict
 
     rescore = TargetRescorer(target_dir, device, precision.name, low_model=model)
@@ -168,7 +168,7 @@ def measure(cfg: EvaluateConfig) -> dict[str, Any]:
         "prompts_source": primary,
         "target": cfg.model,
         "draft": cfg.draft,
-        "aux_layer_ids": aux_ids,
+        "aux_layers": aux_layers,
         "device": device,
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
         # The one precision of both decodes, and why it was chosen (eagle3.devices.resolve_precision).

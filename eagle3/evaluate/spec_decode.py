@@ -28,7 +28,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from eagle3.target import aux_layers
+from eagle3.target import resolve_aux_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,17 +124,17 @@ class TargetRunner:
     the outputs of the aux layers (layer id i = the output of decoder layer i,
     SGLang's meaning; HF's hidden_states[i + 1])."""
 
-    def __init__(self, model, aux_layer_ids: Sequence[int] = ()):
+    def __init__(self, model, aux_layers: Sequence[int] = ()):
         self.model = model.eval()
         layers = model.get_decoder().layers
         # the extraction's rule (one validator): no ids means a target-only run with nothing captured
-        self.aux_layer_ids = (aux_layers([int(i) for i in aux_layer_ids], len(layers),
-                                         getattr(model, "name_or_path", "target")) if len(aux_layer_ids) else [])
+        self.aux_layers = (resolve_aux_layers([int(i) for i in aux_layers], len(layers),
+                                              getattr(model, "name_or_path", "target")) if len(aux_layers) else [])
         self.device = next(model.parameters()).device
         self.tokens_fed = 0  # every token that went through a target forward (tests: no prefix re-runs)
         self._captured: dict[int, torch.Tensor] = {}
         self._capture = False
-        for i in self.aux_layer_ids:
+        for i in self.aux_layers:
             layers[i].register_forward_hook(self._hook(i))
 
     def _hook(self, layer_id: int):
@@ -167,7 +167,7 @@ class TargetRunner:
         finally:
             self._capture = False
         self.tokens_fed += ids.shape[1]
-        feats = torch.cat([self._captured[i][0] for i in self.aux_layer_ids], dim=-1) if aux else None
+        feats = torch.cat([self._captured[i][0] for i in self.aux_layers], dim=-1) if aux else None
         return out.logits[0].float(), feats
 
 

@@ -32,14 +32,14 @@ from eagle3.devices import resolve_precision
 from eagle3.errors import InputError
 from eagle3.oom import maybe_inject
 from eagle3.extract import lean_llama
-from eagle3.target import aux_layers, load_model, refuse_capped_logits, resolve_model, vocab_size
+from eagle3.target import load_model, refuse_capped_logits, resolve_aux_layers, resolve_model, vocab_size
 
 log = logging.getLogger(__name__)
 
 class TargetCapture:
     """The target model, ready to return per-token features of real tokens."""
 
-    def __init__(self, model: str, device: str = "cpu", layers: list[int] | None = None, lean: bool = True,
+    def __init__(self, model: str, device: str = "cpu", aux_layers: list[int] | None = None, lean: bool = True,
                  precision: str = "auto"):
         self.device = device
         self.precision = resolve_precision(precision, device)
@@ -59,7 +59,7 @@ class TargetCapture:
         if rows != self.vocab_size:
             raise InputError(f"model {model!r}: its lm_head has {rows} rows but config.json vocab_size is "
                              f"{self.vocab_size}; V must be the lm_head rows (fix config.json)")
-        self.layers = aux_layers(layers, self.num_layers, model)
+        self.aux_layers = resolve_aux_layers(aux_layers, self.num_layers, model)
 
     def params(self) -> int:
         """Parameters the forward pass multiplies with (no embedding lookup, no lm_head)."""
@@ -97,13 +97,13 @@ class TargetCapture:
             mask[i, :len(s)] = 1  # right padding: positions 0..n-1 are the same as unpadded
         keep = mask.bool()
         if self.lean is not None:
-            outs, last = self.lean.forward(ids, self.layers)
+            outs, last = self.lean.forward(ids, self.aux_layers)
             return torch.cat([o[keep] for o in outs], dim=-1), last[keep], lengths
         ids, mask = ids.to(self.device), mask.to(self.device)
         # No attention mask: causal attention with right padding never lets a real token
         # see a padded one, and without a mask SDPA runs its causal kernel.
         out = self.base(input_ids=ids, use_cache=False,
-                        output_hidden_states=[i + 1 for i in self.layers])
+                        output_hidden_states=[i + 1 for i in self.aux_layers])
         keep = keep.to(self.device)
-        aux = torch.cat([out.hidden_states[i + 1][keep] for i in self.layers], dim=-1)
+        aux = torch.cat([out.hidden_states[i + 1][keep] for i in self.aux_layers], dim=-1)
         return aux, out.last_hidden_state[keep], lengths

@@ -59,22 +59,22 @@ class TopK:
     logprobs: torch.Tensor
 
 
-def encode(storage: str, aux: torch.Tensor, last, lm_head=None, topk: int = TOPK) -> dict:
+def encode(storage_option: str, aux: torch.Tensor, last, lm_head=None, topk: int = TOPK) -> dict:
     """Per-token features of real (non-padding) tokens -> CPU tensors of one option.
 
     aux: [T, 3H] float (any device); last: [T, H] final-norm hidden state, or a :class:`TopK` (fp8-topk only);
     lm_head: callable [T, H] -> [T, V] logits, needed by ``fp8-topk`` from ``last`` only.
     """
-    option(storage)
-    if isinstance(last, TopK) and storage != "fp8-topk":
-        raise ValueError(f"storage {storage!r} stores the final-norm state `last`; an engine that returns top-k "
-                         "log-probs instead (TopK) fills fp8-topk stores only")
+    option(storage_option)
+    if isinstance(last, TopK) and storage_option != "fp8-topk":
+        raise ValueError(f"storage option {storage_option!r} stores the final-norm state `last`; an engine that "
+                         "returns top-k log-probs instead (TopK) fills fp8-topk stores only")
     n_aux = NUM_AUX
-    if storage == "bf16":
+    if storage_option == "bf16":
         return {"aux": aux.to(torch.bfloat16).cpu(), "last": last.to(torch.bfloat16).cpu()}
     aux_q, aux_scale = _quantize_groups(aux, n_aux)
     out = {"aux": aux_q.cpu(), "aux_scale": aux_scale.cpu()}
-    if storage == "fp8":
+    if storage_option == "fp8":
         last_q, last_scale = _quantize(last)
         out.update(last=last_q.cpu(), last_scale=last_scale.cpu())
         return out
@@ -85,7 +85,7 @@ def encode(storage: str, aux: torch.Tensor, last, lm_head=None, topk: int = TOPK
         out.update(topk_ids=last.ids.to(torch.int32).cpu(), topk_logprobs=last.logprobs.to(torch.float16).cpu())
         return out
     if lm_head is None:
-        raise ValueError("storage 'fp8-topk' needs the target's lm_head to compute top-k log-probs")
+        raise ValueError("storage option 'fp8-topk' needs the target's lm_head to compute top-k log-probs")
     # Logits of a whole batch ([T, V] fp32) can take gigabytes: go in row chunks.
     ids, values = [], []
     for rows in last.split(_LOGIT_ROWS):
@@ -97,15 +97,15 @@ def encode(storage: str, aux: torch.Tensor, last, lm_head=None, topk: int = TOPK
     return out
 
 
-def decode(storage: str, tensors: dict) -> dict:
+def decode(storage_option: str, tensors: dict) -> dict:
     """Stored per-token tensors of one sample -> what the reader returns."""
-    if storage == "bf16":
+    if storage_option == "bf16":
         return {"aux": tensors["aux"], "last": tensors["last"]}
     aux_q, aux_scale = tensors["aux"], tensors["aux_scale"]
     t, d = aux_q.shape
     groups = aux_scale.shape[-1]
     aux = (aux_q.float().reshape(t, groups, d // groups) * aux_scale.float().unsqueeze(-1)).reshape(t, d)
-    if storage == "fp8":
+    if storage_option == "fp8":
         return {"aux": aux, "last": tensors["last"].float() * tensors["last_scale"].float()}
     return {"aux": aux, "topk_ids": tensors["topk_ids"], "topk_logprobs": tensors["topk_logprobs"]}
 

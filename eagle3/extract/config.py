@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle3 import storage_options
+from eagle3.config import renamed_fields
 from eagle3.devices import check_device, check_precision
 from eagle3.errors import InputError
 from eagle3.extract.plan import parse_shard
@@ -17,17 +18,18 @@ TOPK_ONLY_ENGINES = ("sglang",)
 """Engines that hand over the target's top-k log-probs instead of the final-norm state: fp8-topk stores only."""
 
 
-def check_engine_storage(engine: str, storage: str, engine_key: str, storage_key: str) -> None:
+def check_engine_storage_option(engine: str, storage_option: str, engine_key: str, option_key: str) -> None:
     """Refuse a storage option ``engine`` cannot fill (InputError naming both settings and the fix)."""
-    if engine in TOPK_ONLY_ENGINES and storage_options.option(storage).target != "topk":
+    if engine in TOPK_ONLY_ENGINES and storage_options.option(storage_option).target != "topk":
         topk = next(n for n, o in storage_options.OPTIONS.items() if o.target == "topk")
         raise InputError(
-            f"{storage_key}={storage!r} cannot be filled by {engine_key}={engine!r}: SGLang's /generate returns "
-            f"the aux layers and the target's top-k log-probs, not the final-norm state `last` that {storage!r} "
-            f"stores; use storage {topk!r} (DAG Param storage_option, CLI --storage), or engine 'vllm' "
-            "(DAG Param target_engine)")
+            f"{option_key}={storage_option!r} cannot be filled by {engine_key}={engine!r}: SGLang's /generate "
+            f"returns the aux layers and the target's top-k log-probs, not the final-norm state `last` that "
+            f"{storage_option!r} stores; use storage_option {topk!r} (DAG Param storage_option, CLI "
+            "--storage-option), or engine 'vllm' (DAG Param target_engine)")
 
 
+@renamed_fields
 @dataclass(frozen=True)
 class ExtractConfig:
     merged: str
@@ -35,12 +37,12 @@ class ExtractConfig:
     model: str
     """Target: HF causal-LM directory, s3:// prefix, or the alias smollm2-135m-instruct."""
     out: str
-    """Store root; the store goes into <out>/<model_fp>-L<a>_<b>_<c>-<storage>/."""
+    """Store root; the store goes into <out>/<model_fp>-L<a>_<b>_<c>-<storage_option>/."""
     shard: str = "0/1"
     """This task's part, I/N: takes the samples whose id hash is I mod N."""
-    layers: tuple[int, ...] | None = None
+    aux_layers: tuple[int, ...] | None = None
     """Aux layer ids (3); None: [1, L/2-1, L-4]."""
-    storage: str = storage_options.DEFAULT
+    storage_option: str = storage_options.DEFAULT
     """Storage option (eagle3.storage_options): what each token costs in the store."""
     token_budget: int = 8192
     """Padded tokens per forward pass (batch size x longest sample). Halved after an OOM."""
@@ -86,9 +88,9 @@ class ExtractConfig:
     """vllm and sglang engines: samples sent at once (one request each; the server batches them)."""
 
     def __post_init__(self):
-        if self.layers is not None:
-            object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
-        storage_options.option(self.storage)
+        if self.aux_layers is not None:
+            object.__setattr__(self, "aux_layers", tuple(int(i) for i in self.aux_layers))
+        storage_options.option(self.storage_option)
         parse_shard(self.shard)
         if self.token_budget < 1 or self.shard_mb <= 0:
             raise InputError(f"token_budget={self.token_budget}, shard_mb={self.shard_mb}: need token_budget >= 1 and shard_mb > 0")
@@ -112,7 +114,8 @@ class ExtractConfig:
                              "engine='sglang': SGLang captures EAGLE-3 aux states on its last pipeline stage only "
                              "(set_eagle3_layers_to_capture), so earlier stages' layers would be missing; use "
                              "tensor_parallel_size, or engine='vllm'")
-        check_engine_storage(self.engine, self.storage, "ExtractConfig.engine", "ExtractConfig.storage")
+        check_engine_storage_option(self.engine, self.storage_option, "ExtractConfig.engine",
+                                    "ExtractConfig.storage_option")
 
     def gpus(self) -> int:
         """GPUs one task of this config holds (leased when it runs on CUDA)."""

@@ -1,7 +1,7 @@
 """What the served extract engines share: a target server this task starts and stops, one request per sample.
 
 ``ServedCapture`` stands where ``eagle3.extract.capture.TargetCapture`` stands in the stage and in online
-training (same ``layers``, ``hidden_size``, ``vocab_size``, ``precision``, ``forward_path``, ``lm_head`` and
+training (same ``aux_layers``, ``hidden_size``, ``vocab_size``, ``precision``, ``forward_path``, ``lm_head`` and
 ``forward``), so planning, resume, progress and the store writer stay the stage's own. A subclass (the vllm
 engine, eagle3.extract.vllm_engine; the sglang engine, eagle3.extract.sglang_engine) says how its server is
 built (:meth:`_new_server`), what one sample's request returns (:meth:`_one`) and how the answers become
@@ -29,7 +29,8 @@ from eagle3.devices import resolve_precision
 from eagle3.errors import Eagle3Error
 from eagle3.extract.config import ExtractConfig
 from eagle3.serving import ServerFailed, ServerStopped
-from eagle3.target import aux_layers, config_int, read_config, refuse_capped_logits, resolve_model, vocab_size
+from eagle3.target import (config_int, read_config, refuse_capped_logits, resolve_aux_layers, resolve_model,
+                           vocab_size)
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ class ServedCapture:
         self.num_layers = config_int(self.config, "num_hidden_layers", cfg.model)
         self.hidden_size = config_int(self.config, "hidden_size", cfg.model)
         self.vocab_size = vocab_size(cfg.model)
-        self.layers = aux_layers(list(cfg.layers) if cfg.layers else None, self.num_layers, cfg.model)
+        self.aux_layers = resolve_aux_layers(list(cfg.aux_layers) if cfg.aux_layers else None, self.num_layers,
+                                             cfg.model)
         self.precision = resolve_precision(cfg.precision, device)
         self.dtype = getattr(torch, self.precision.name)
         self.start_s: float | None = None

@@ -44,15 +44,15 @@ class SGLangCapture(ServedCapture):
         import sys
 
         super().__init__(cfg, device, longest)
-        if len(set(self.layers)) != NUM_AUX:
-            raise InputError(f"aux layers {self.layers}: the sglang engine needs {NUM_AUX} different layers "
+        if len(set(self.aux_layers)) != NUM_AUX:
+            raise InputError(f"aux layers {self.aux_layers}: the sglang engine needs {NUM_AUX} different layers "
                              "(SGLang captures each layer once, in layer order)")
         self.python = os.environ.get("EAGLE3_SGLANG_PYTHON") or sys.executable  # SGLangServer's choice too
         self.engine = {"name": "sglang", "version": package_version(self.python, ("sglang",)),
                        "tensor_parallel_size": cfg.tensor_parallel_size,
                        "data_parallel_size": cfg.data_parallel_size, "quantization": cfg.quantization}
         self.forward_path = (f"sglang {self.engine['version']} (EAGLE-3 target capture of layers "
-                             f"{sorted(self.layers)}; tp {cfg.tensor_parallel_size}, dp {cfg.data_parallel_size})")
+                             f"{sorted(self.aux_layers)}; tp {cfg.tensor_parallel_size}, dp {cfg.data_parallel_size})")
         self.draft_dir = os.path.join(self.work_dir, "capture-draft")
 
     def server_args(self) -> list[str]:
@@ -67,7 +67,7 @@ class SGLangCapture(ServedCapture):
         from eagle3.export import write_capture_draft
         from eagle3.serving.sglang import SGLangServer, eagle3_speculative
 
-        write_capture_draft(self.config, sorted(self.layers), self.draft_dir, self.cfg.tensor_parallel_size)
+        write_capture_draft(self.config, sorted(self.aux_layers), self.draft_dir, self.cfg.tensor_parallel_size)
         return SGLangServer(self.model_dir, tp=self.cfg.tensor_parallel_size, port=free_port(),
                             extra_args=self.server_args(), speculative=eagle3_speculative(self.draft_dir, steps=1),
                             python=self.python, log_path=os.path.join(self.work_dir, "server.log"))
@@ -79,7 +79,7 @@ class SGLangCapture(ServedCapture):
         from eagle3.serving.sglang import states_request
 
         body = self.post("/generate", states_request(ids, TOPK), name)
-        return read_answer(body, name, ids, self.layers, self.hidden_size, self.vocab_size, TOPK)
+        return read_answer(body, name, ids, self.aux_layers, self.hidden_size, self.vocab_size, TOPK)
 
     def _assemble(self, answers: list):
         """(aux [ΣT, 3H] fp32, TopK [ΣT, K])."""
@@ -92,9 +92,9 @@ LOGPROB_SLACK = 1e-4
 exceed the previous one in a row that must be sorted best first."""
 
 
-def read_answer(body, sample: str, input_ids: list[int], layers: list[int], hidden_size: int, vocab: int,
+def read_answer(body, sample: str, input_ids: list[int], aux_layers: list[int], hidden_size: int, vocab: int,
                 k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One /generate answer -> (aux [T, 3H] fp32 in ``layers``' order, top-k ids [T, k] int64, log-probs
+    """One /generate answer -> (aux [T, 3H] fp32 in ``aux_layers``' order, top-k ids [T, k] int64, log-probs
     [T, k] fp32), after checking it is this sample's: the prefill entry of ``meta_info.hidden_states`` has
     T rows of 3H finite values, nothing came from a cached prefix, and every position's top-k has k entries
     of in-vocab ids with log-probs <= 0, best first. Row t's top-k is the distribution position t predicts
@@ -125,8 +125,8 @@ def read_answer(body, sample: str, input_ids: list[int], layers: list[int], hidd
                   "(does the server serve the target of an EAGLE-3 draft, and does SGLang's model class for this "
                   "target implement set_eagle3_layers_to_capture?)")
     check_states(aux, (t, width), sample, "SGLang's prefill entry of meta_info.hidden_states")
-    order = sorted(layers)  # SGLang appends the captured layers in layer order
-    aux = torch.cat([aux[:, order.index(i) * hidden_size:(order.index(i) + 1) * hidden_size] for i in layers], -1)
+    order = sorted(aux_layers)  # SGLang appends the captured layers in layer order
+    aux = torch.cat([aux[:, order.index(i) * hidden_size:(order.index(i) + 1) * hidden_size] for i in aux_layers], -1)
     ids, values = _top_logprobs(meta, t, k, bad)
     if ((ids < 0) | (ids >= vocab)).any():
         raise bad(f"has top-k token ids outside [0, {vocab}) (the target's vocab_size)")

@@ -124,8 +124,8 @@ def _extract_on(cfg: ExtractConfig, device: str) -> dict:
             return _extract_with(cfg, device, cap, cap.engine, start, task, mine, tokens)
     from eagle3.extract.capture import TargetCapture
 
-    cap = TargetCapture(cfg.model, device, list(cfg.layers) if cfg.layers else None, lean=cfg.lean_forward,
-                        precision=cfg.precision)
+    cap = TargetCapture(cfg.model, device, list(cfg.aux_layers) if cfg.aux_layers else None,
+                        lean=cfg.lean_forward, precision=cfg.precision)
     return _extract_with(cfg, device, cap, transformers_engine(), start, task, mine, tokens)
 
 
@@ -146,8 +146,9 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
     from eagle3.target import model_fingerprint, resolve_model
 
     writer = StoreWriter(cfg.out, model_fp=model_fingerprint(resolve_model(cfg.model)), model_name=cfg.model,
-                         layers=cap.layers, hidden_size=cap.hidden_size, vocab_size=cap.vocab_size,
-                         storage=cfg.storage, task=task, precision=cap.precision.to_dict(), engine=engine).open()
+                         aux_layers=cap.aux_layers, hidden_size=cap.hidden_size, vocab_size=cap.vocab_size,
+                         storage_option=cfg.storage_option, task=task, precision=cap.precision.to_dict(),
+                         engine=engine).open()
     st.sweep_tmp(writer.uri)  # leftovers of killed runs (never a live task's)
     budget = cfg.token_budget
     if st.exists(writer.adapt_path()):
@@ -159,14 +160,15 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
     done = writer.done_ids()  # a repaired shard's samples too: they are rewritten in place, not added
     todo = order([s for s in mine if s.id not in done])
     repaired = sum(len(b) for _, batches in repairs for b in batches)
-    bpt = storage_options.bytes_per_token(cfg.storage, cap.hidden_size)
+    bpt = storage_options.bytes_per_token(cfg.storage_option, cap.hidden_size)
     shards = cut_shards(todo, max(1, int(cfg.shard_mb * 2**20) // bpt))
     plan = [cut_batches(sh, budget) for sh in shards]
     named = [*repairs, *((None, batches) for batches in plan)]
     plan = [batches for _, batches in named]
     real, padded = padding_share([b for batches in plan for b in batches])
     summary = {
-        "store": writer.uri, "task": task, "device": device, "storage": cfg.storage, "layers": cap.layers,
+        "store": writer.uri, "task": task, "device": device, "storage_option": cfg.storage_option,
+        "aux_layers": cap.aux_layers,
         "forward": cap.forward_path, "precision": cap.precision.to_dict(), "engine": engine,
         "samples_in_task": len(mine), "samples_skipped": len(mine) - len(todo) - repaired,
         "samples_extracted": 0,
@@ -198,7 +200,7 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
             try:
                 seqs = [tokens.row(s.row)[0] for s in batch]
                 aux, last, lengths = cap.forward(seqs, sample_ids=[s.id for s in batch])
-                feats = codec.encode(cfg.storage, aux, last, lm_head=cap.lm_head)
+                feats = codec.encode(cfg.storage_option, aux, last, lm_head=cap.lm_head)
             except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
                 if not is_oom(e):
                     raise
@@ -270,7 +272,7 @@ def _estimate(cfg: ExtractConfig, tokens: int, samples: int, bpt: int, measured_
     free = st.free_bytes(cfg.out)
     if free is not None and est["bytes"] > free:
         raise InputError(f"the store needs about {est['bytes'] / 1e9:.1f} GB but {cfg.out} has "
-                         f"{free / 1e9:.1f} GB free; free space, pick a compact --storage, or use s3://")
+                         f"{free / 1e9:.1f} GB free; free space, pick a compact --storage-option, or use s3://")
     return est
 
 

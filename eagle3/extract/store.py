@@ -2,9 +2,9 @@
 
 Layout (docs/CONTRACTS.md "Hidden-state store")::
 
-    STORE/<model_fp>-L<a>_<b>_<c>-<storage>/   (the file names and index parsing: eagle3.extract.store_format)
-        store.json                      model fingerprint/name, layers, hidden/vocab size, option, bytes/token,
-                                        the compute precision and engine of the run that created it
+    STORE/<model_fp>-L<a>_<b>_<c>-<storage_option>/   (the file rules: eagle3.extract.store_format)
+        store.json                      model fingerprint/name, aux_layers, hidden/vocab size, storage_option,
+                                        bytes/token, the compute precision and engine of the run that created it
         shard-<task>-<seq>.safetensors  packed samples (no padding), written atomically
         index-<task>.json               {shard: {sha256, samples, tokens, sample_ids, sample_tokens, precision,
                                                  engine}}
@@ -15,7 +15,7 @@ int64 [n+1] (sample i is rows offsets[i]:offsets[i+1]) and the per-token
 tensors of the storage option (see :mod:`eagle3.extract.codec`: ``aux`` +
 ``last`` for ``bf16``; fp8 ``aux``/``aux_scale`` + ``last``/``last_scale`` for
 ``fp8``; fp8 ``aux``/``aux_scale`` + ``topk_ids``/``topk_logprobs`` for
-``fp8-topk``). Metadata: ``sample_ids`` (JSON list), ``storage``.
+``fp8-topk``). Metadata: ``sample_ids`` (JSON list), ``storage_option``.
 
 The compute precision (eagle3.devices.resolve_precision) changes no stored dtype, so
 it is not part of the store key: tasks on machines of different kinds may fill one
@@ -47,7 +47,8 @@ from eagle3 import storage as st
 from eagle3.errors import InputError
 from eagle3.extract.codec import decode, target_logprobs
 from eagle3.extract.store_format import (FORMAT, STORE_JSON, adapt_name, identity_diff, index_name,
-                                         read_indexes, resolve_store_dir, shard_seq, store_key)
+                                         read_indexes, read_store_json, resolve_store_dir, shard_seq, store_key,
+                                         upgraded_store_json)
 from eagle3.extract.store_format import shard_name as new_shard_name  # write_shard has a shard_name argument
 from eagle3.storage_options import TOPK, bytes_per_token, option
 
@@ -65,27 +66,30 @@ class StoreWriter:
     N tasks can write into the same folder at once without sharing a file.
     """
 
-    def __init__(self, root: str, *, model_fp: str, model_name: str, layers: list[int], hidden_size: int,
-                 vocab_size: int, storage: str, task: str, precision: dict | None = None,
+    def __init__(self, root: str, *, model_fp: str, model_name: str, aux_layers: list[int], hidden_size: int,
+                 vocab_size: int, storage_option: str, task: str, precision: dict | None = None,
                  engine: dict | None = None):
-        self.uri = st.join(root, store_key(model_fp, layers, storage))
+        self.uri = st.join(root, store_key(model_fp, aux_layers, storage_option))
         self.task = task
-        self.storage = storage
+        self.storage_option = storage_option
         self.info = {
             "format": FORMAT, "model_fingerprint": model_fp, "model_name": model_name,
-            "layers": list(layers), "hidden_size": hidden_size, "vocab_size": vocab_size, "storage": storage,
-            "topk": TOPK if option(storage).target == "topk" else None,
-            "bytes_per_token": bytes_per_token(storage, hidden_size),
+            "aux_layers": list(aux_layers), "hidden_size": hidden_size, "vocab_size": vocab_size,
+            "storage_option": storage_option,
+            "topk": TOPK if option(storage_option).target == "topk" else None,
+            "bytes_per_token": bytes_per_token(storage_option, hidden_size),
             "precision": precision,
             "engine": engine,  # what ran the forward: name, version, and for vllm/sglang the parallelism
         }
         self._index: dict | None = None
 
     def open(self) -> "StoreWriter":
-        """Create store.json, or check that the existing one describes the same store."""
+        """Create store.json, or check that the existing one describes the same store (one with the keys' old
+        names is rewritten with the new ones)."""
         path = st.join(self.uri, STORE_JSON)
         if st.exists(path):
-            old = st.read_json(path)
+            raw = st.read_json(path)
+            old = upgraded_store_json(raw, path)
             diff = identity_diff(old, self.info)
             if diff:
                 raise InputError(f"{path} describes another store: {diff} (stored, wanted); "
@@ -99,6 +103,8 @@ class StoreWriter:
                 log.warning("%s was created by the %s engine; this task runs %s (the same store content; "
                             "index-%s.json records each shard's engine)", path, (old.get("engine") or {}).get("name"),
                             (self.info["engine"] or {}).get("name"), self.task)
+            if old.keys() != raw.keys():  # written before the rename: the same content under the new keys
+                st.write_json(path, old)
         else:
             st.write_json(path, self.info)
         return self
@@ -151,7 +157,7 @@ class StoreWriter:
         for name in names:
             tensors[name] = torch.cat([s["tensors"][name] for s in samples]).contiguous()
         ids = [s["id"] for s in samples]
-        meta = {"sample_ids": json.dumps(ids), "storage": self.storage, "format": FORMAT}
+        meta = {"sample_ids": json.dumps(ids), "storage_option": self.storage_option, "format": FORMAT}
         name = shard_name or new_shard_name(self.task, self.next_seq())
         digest = _atomic_save(self.uri, name, lambda p: save_safetensors(tensors, p, meta))
         entry = {"sha256": digest, "samples": len(ids), "tokens": int(offsets[-1]),
@@ -211,9 +217,9 @@ class HiddenStateStore:
 
     def __init__(self, uri: str, key: str | None = None):
         self.uri = resolve_store_dir(str(uri), key)
-        self.info = st.read_json(st.join(self.uri, STORE_JSON))
-        self.storage = self.info["storage"]
-        self.layers = self.info["layers"]
+        self.info = read_store_json(self.uri)
+        self.storage_option = self.info["storage_option"]
+        self.aux_layers = self.info["aux_layers"]
         self.hidden_size = self.info["hidden_size"]
         self.shards, self._where = read_indexes(self.uri)
         self._open: dict = {}
@@ -295,7 +301,7 @@ class HiddenStateStore:
     def get(self, sample_id: str) -> dict:
         """One sample: ``aux``, ``input_ids``, ``loss_mask`` and ``last`` or ``topk_ids``/``topk_logprobs``."""
         raw = self.get_raw(sample_id)
-        out = decode(self.storage, raw)
+        out = decode(self.storage_option, raw)
         out.update(input_ids=raw["input_ids"], loss_mask=raw["loss_mask"])
         return out
 

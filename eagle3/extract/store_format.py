@@ -7,18 +7,33 @@ documented in eagle3/extract/store.py and docs/CONTRACTS.md "Hidden-state store"
 from __future__ import annotations
 
 from eagle3 import storage as st
+from eagle3.config import renamed_keys
 from eagle3.errors import InputError
 from eagle3.storage_options import option
 
 FORMAT = "eagle3-hidden-states/1"
 STORE_JSON = "store.json"
-IDENTITY = ("format", "model_fingerprint", "layers", "hidden_size", "vocab_size", "storage")
+IDENTITY = ("format", "model_fingerprint", "aux_layers", "hidden_size", "vocab_size", "storage_option")
 """The store.json keys every writer of one store folder must agree on (the rest describe how it was computed)."""
 
 
-def store_key(model_fp: str, layers: list[int], storage: str) -> str:
-    """Folder name of one store: model fingerprint, aux layer ids and storage option."""
-    return f"{model_fp}-L{'_'.join(str(i) for i in layers)}-{option(storage).name}"
+def store_key(model_fp: str, aux_layers: list[int], storage_option: str) -> str:
+    """Folder name of one store: model fingerprint, aux layer ids and storage option (unchanged by the rename of
+    store.json's keys: existing stores keep their folders)."""
+    return f"{model_fp}-L{'_'.join(str(i) for i in aux_layers)}-{option(storage_option).name}"
+
+
+def read_store_json(uri: str) -> dict:
+    """A store folder's store.json. One written before the keys were renamed (``layers``, ``storage``) reads
+    with the new names (``aux_layers``, ``storage_option``) and a deprecation message."""
+    path = st.join(uri, STORE_JSON)
+    return upgraded_store_json(st.read_json(path), path)
+
+
+def upgraded_store_json(info: dict, path: str) -> dict:
+    """store.json's content ``info`` (read from ``path``) under the keys' current names (eagle3.config.RENAMED)."""
+    return renamed_keys(info, IDENTITY, path,
+                        fix="re-run `eagle3 extract` on this store, which rewrites the file, or rename the key there")
 
 
 def index_name(task: str) -> str:

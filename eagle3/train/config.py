@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle3 import storage_options
-from eagle3.config import DEFAULT_SEED
+from eagle3.config import DEFAULT_SEED, renamed_fields
 from eagle3.devices import check_device, check_precision
 from eagle3.draft.config import DEFAULT_DRAFT_VARIANT, DEFAULT_TTT_LENGTH, DRAFT_VARIANTS
-from eagle3.extract.config import ENGINES, check_engine_storage
+from eagle3.extract.config import ENGINES, check_engine_storage_option
 from eagle3.errors import InputError
 
 INIT_CHOICES = ("target", "random")
@@ -17,6 +17,7 @@ INIT_CHOICES = ("target", "random")
 BUDGET_PROBE_STEPS = 4
 
 
+@renamed_fields
 @dataclass(frozen=True)
 class TrainConfig:
     """One training run. A resumed run takes token_budget/grad_accum from the checkpoint."""
@@ -32,10 +33,10 @@ class TrainConfig:
     """Merged dataset folder (train.parquet): train on exactly its sample ids (the store may hold more)."""
     model: str | None = None
     """Target model (dir, s3 prefix or alias) for the frozen embedding and lm_head; default: store.json model_name."""
-    layers: tuple[int, ...] | None = None
+    aux_layers: tuple[int, ...] | None = None
     """When ``store`` is a root holding several stores: the aux layer ids of the one to train on
     (None: the target's default [1, L/2-1, L-4])."""
-    storage: str = storage_options.DEFAULT
+    storage_option: str = storage_options.DEFAULT
     """When ``store`` is a root holding several stores: the storage option of the one to train on."""
     max_steps: int = 0
     """Stop after this many optimizer steps in total (0: run all epochs)."""
@@ -82,7 +83,7 @@ class TrainConfig:
     online: bool = False
     """Run the target inside training (eagle3.train.online) instead of reading every sample from the store:
     samples the store already holds are read from it, the rest are computed per micro-batch and quantised as
-    ``storage`` would store them. Needs ``merged`` and ``model``."""
+    ``storage_option`` would store them. Needs ``merged`` and ``model``."""
     write_back: bool = False
     """Online mode: also write the samples computed online into the store (shards of task ``online<rank>``),
     so later epochs and later runs read them instead of recomputing them."""
@@ -90,7 +91,7 @@ class TrainConfig:
     """Online mode: what runs the target: ``transformers`` (in the training process), ``vllm`` (a vLLM
     server in hidden-state extraction mode on its own devices, started and stopped by this run, as
     ``eagle3 extract --engine vllm`` does) or ``sglang`` (an SGLang server, as ``eagle3 extract --engine
-    sglang`` does; storage fp8-topk only; untested against a real SGLang)."""
+    sglang`` does; storage_option fp8-topk only; untested against a real SGLang)."""
     target_tensor_parallel_size: int = 1
     """Online mode, target_engine vllm or sglang: the server's tensor parallel size."""
     prefetch: int = 2
@@ -149,7 +150,7 @@ class TrainConfig:
         check_device(self.device, "TrainConfig.device")
         check_precision(self.precision, "TrainConfig.precision")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
-        storage_options.option(self.storage)
+        storage_options.option(self.storage_option)
         if self.online and not (self.merged and self.model):
             raise InputError("TrainConfig.online needs merged (the samples' tokens) and model (the target to run); "
                              "e.g. eagle3 train --online --merged MERGED --model smollm2-135m-instruct ...")
@@ -168,7 +169,8 @@ class TrainConfig:
         if self.target_engine not in ENGINES:
             raise InputError(f"TrainConfig.target_engine={self.target_engine!r}: choose one of {', '.join(ENGINES)}")
         if self.online:
-            check_engine_storage(self.target_engine, self.storage, "TrainConfig.target_engine", "TrainConfig.storage")
+            check_engine_storage_option(self.target_engine, self.storage_option, "TrainConfig.target_engine",
+                                        "TrainConfig.storage_option")
         if not self.online and (self.target_engine != "transformers" or self.target_tensor_parallel_size != 1):
             raise InputError("TrainConfig.target_engine and target_tensor_parallel_size are for online mode "
                              "(offline training reads the store); add --online or drop them")

@@ -60,7 +60,7 @@ class TrainInputs:
         from eagle3.draft import load_target_head
         from eagle3.storage_options import option
 
-        if option(self.source.storage).target != "last":
+        if option(self.source.storage_option).target != "last":
             return None
         return load_target_head(self.target_dir).to(device)
 
@@ -74,13 +74,14 @@ def load_vocab(uri: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def store_key_of(cfg: TrainConfig) -> str | None:
-    """Which store of a root to train on: the one extraction filled for this model, layers and option."""
+    """Which store of a root to train on: the one extraction filled for this model, aux layers and option."""
     if not cfg.model:
         return None
     from eagle3.target import config_int, default_aux_layers, model_fingerprint, read_config, resolve_model
 
-    layers = cfg.layers or default_aux_layers(config_int(read_config(cfg.model), "num_hidden_layers", cfg.model))
-    return store_key(model_fingerprint(resolve_model(cfg.model)), list(layers), cfg.storage)
+    aux_layers = cfg.aux_layers or default_aux_layers(config_int(read_config(cfg.model), "num_hidden_layers",
+                                                                 cfg.model))
+    return store_key(model_fingerprint(resolve_model(cfg.model)), list(aux_layers), cfg.storage_option)
 
 
 def load_inputs(cfg: TrainConfig, device: str = "cpu") -> TrainInputs:
@@ -112,7 +113,7 @@ def load_inputs(cfg: TrainConfig, device: str = "cpu") -> TrainInputs:
         raise InputError(f"the store was extracted from model {stored_fp}, but --target {name} is "
                          f"{model_fingerprint(target_dir)}; pass the target the store was built from",
                          file=storage.join(store.uri, STORE_JSON))
-    dcfg = DraftConfig.from_target(target_cfg, int(d2t.shape[0]), list(store.layers), cfg.draft_variant,
+    dcfg = DraftConfig.from_target(target_cfg, int(d2t.shape[0]), list(store.aux_layers), cfg.draft_variant,
                                    sliding_window=cfg.draft_window, target_model=name, target_fingerprint=stored_fp)
     if dcfg.hidden_size != int(store.hidden_size):
         raise InputError(f"store hidden_size {store.hidden_size} != target hidden_size {dcfg.hidden_size}",

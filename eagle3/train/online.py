@@ -48,17 +48,18 @@ class OnlineSource:
 
     mode = "online"
 
-    def __init__(self, capture, storage: str, samples: dict, tokens, store_root: str | None, stored=None,
+    def __init__(self, capture, storage_option: str, samples: dict, tokens, store_root: str | None, stored=None,
                  writer=None, model_name: str | None = None, model_fp: str | None = None,
                  engine: dict | None = None, prefetch: int = 0):
-        self.capture, self.storage, self.engine = capture, storage, engine
+        self.capture, self.storage_option, self.engine = capture, storage_option, engine
         self._prefetch = _Prefetcher(self._forward, prefetch) if prefetch else None
         self._samples, self._tokens = samples, tokens  # {id: eagle3.extract.plan.Sample}, MergedTokens
         self.store_root, self.stored, self.writer = store_root, stored, writer
-        self.layers, self.hidden_size = list(capture.layers), capture.hidden_size
+        self.aux_layers, self.hidden_size = list(capture.aux_layers), capture.hidden_size
         self.uri = f"online:{model_name} (store {store_root or 'none'})"
         self.info = {"model_name": model_name, "model_fingerprint": model_fp, "vocab_size": capture.vocab_size,
-                     "layers": self.layers, "hidden_size": self.hidden_size, "storage": storage}
+                     "aux_layers": self.aux_layers, "hidden_size": self.hidden_size,
+                     "storage_option": storage_option}
         self._pending: list[dict] = []
         self._pending_tokens = 0
         self.counts = {"samples_from_store": 0, "samples_computed": 0, "tokens_computed": 0,
@@ -122,7 +123,7 @@ class OnlineSource:
         rows = [self._tokens.row(self._sample(sid).row) for sid in ids]
         seqs = [r[0] for r in rows]
         aux, last, lengths = self.capture.forward(seqs, sample_ids=ids)
-        feats = codec.encode(self.storage, aux, last, lm_head=self.capture.lm_head)
+        feats = codec.encode(self.storage_option, aux, last, lm_head=self.capture.lm_head)
         out, pos = [], 0
         for n in lengths:
             out.append({k: v[pos:pos + n] for k, v in feats.items()})
@@ -140,7 +141,7 @@ class OnlineSource:
         for sid, (input_ids, loss_mask), stored in zip(ids, rows, feats):
             n = len(input_ids)
             pos += n
-            sample = codec.decode(self.storage, stored)
+            sample = codec.decode(self.storage_option, stored)
             sample.update(input_ids=torch.from_numpy(input_ids), loss_mask=torch.from_numpy(loss_mask))
             out[sid] = sample
             if self.writer is not None:
@@ -278,16 +279,17 @@ def open_source(cfg, device: str) -> OnlineSource:
     capture, engine = _target(cfg, device, max(s.num_tokens for s in samples))
     model_fp = model_fingerprint(resolve_model(cfg.model))
     root = _store_root(cfg.store) if cfg.store else None
-    key = store_key(model_fp, capture.layers, cfg.storage)
+    key = store_key(model_fp, capture.aux_layers, cfg.storage_option)
     stored = HiddenStateStore(st.join(root, key)) if root and is_store(st.join(root, key)) else None
     writer = None
     if cfg.write_back:
         rank = os.environ.get("RANK", "0")
-        writer = StoreWriter(root, model_fp=model_fp, model_name=cfg.model, layers=capture.layers,
-                             hidden_size=capture.hidden_size, vocab_size=capture.vocab_size, storage=cfg.storage,
+        writer = StoreWriter(root, model_fp=model_fp, model_name=cfg.model, aux_layers=capture.aux_layers,
+                             hidden_size=capture.hidden_size, vocab_size=capture.vocab_size,
+                             storage_option=cfg.storage_option,
                              task=f"online{rank}", precision=capture.precision.to_dict(), engine=engine).open()
     remote = engine["name"] != "transformers"
-    source = OnlineSource(capture, cfg.storage, {s.id: s for s in samples}, tokens, root, stored, writer,
+    source = OnlineSource(capture, cfg.storage_option, {s.id: s for s in samples}, tokens, root, stored, writer,
                           model_name=cfg.model, model_fp=model_fp, engine=engine,
                           prefetch=cfg.prefetch if remote else 0)
     have = sum(1 for s in samples if stored is not None and s.id in stored)
@@ -310,8 +312,9 @@ def _target(cfg, device: str, longest: int):
         from eagle3.extract.config import ExtractConfig
         from eagle3.extract.served import served_capture
 
-        ecfg = ExtractConfig(merged=cfg.merged, model=cfg.model, out=cfg.store or "online", layers=cfg.layers,
-                             storage=cfg.storage, device="cuda" if device.startswith("cuda") else "cpu",
+        ecfg = ExtractConfig(merged=cfg.merged, model=cfg.model, out=cfg.store or "online",
+                             aux_layers=cfg.aux_layers, storage_option=cfg.storage_option,
+                             device="cuda" if device.startswith("cuda") else "cpu",
                              precision=cfg.precision, engine=cfg.target_engine,
                              tensor_parallel_size=cfg.target_tensor_parallel_size)
         capture = served_capture(ecfg, ecfg.device, longest)
@@ -319,6 +322,7 @@ def _target(cfg, device: str, longest: int):
     from eagle3.extract.capture import TargetCapture
     from eagle3.extract.stage import transformers_engine
 
-    capture = TargetCapture(cfg.model, device, list(cfg.layers) if cfg.layers else None, precision=cfg.precision)
+    capture = TargetCapture(cfg.model, device, list(cfg.aux_layers) if cfg.aux_layers else None,
+                            precision=cfg.precision)
     capture.model.eval()
     return capture, transformers_engine()

@@ -16,10 +16,11 @@ class SampleSource(Protocol):
     """"offline" or "online" (the metrics and the summary record it)."""
     uri: str
     info: dict
-    """The store.json-like identity: model_name, model_fingerprint, vocab_size, layers, hidden_size, storage."""
-    layers: list
+    """The store.json-like identity: model_name, model_fingerprint, vocab_size, aux_layers, hidden_size,
+    storage_option."""
+    aux_layers: list
     hidden_size: int
-    storage: str
+    storage_option: str
 
     def __contains__(self, sample_id: str) -> bool: ...
 
@@ -59,8 +60,8 @@ class StoreSource:
 
     def __init__(self, store) -> None:
         self.store = store
-        self.uri, self.info, self.storage = store.uri, store.info, store.storage
-        self.layers, self.hidden_size = list(store.layers), store.hidden_size
+        self.uri, self.info, self.storage_option = store.uri, store.info, store.storage_option
+        self.aux_layers, self.hidden_size = list(store.aux_layers), store.hidden_size
 
     def __contains__(self, sample_id: str) -> bool:
         return sample_id in self.store

@@ -15,11 +15,13 @@ def _default(config_cls, name: str):
     return config_cls.__dataclass_fields__[name].default
 
 
-from eagle3.extract.config import ENGINES as EXTRACT_ENGINES, ExtractConfig, check_engine_storage  # noqa: E402
+from eagle3.config import renamed_fields  # noqa: E402
+from eagle3.extract.config import ENGINES as EXTRACT_ENGINES, ExtractConfig, check_engine_storage_option  # noqa: E402
 from eagle3.train.config import TrainConfig  # noqa: E402
 from eagle3.vocab.config import VocabConfig  # noqa: E402
 
 
+@renamed_fields
 @dataclass(frozen=True)
 class VerifyConfig:
     merged: str
@@ -30,7 +32,7 @@ class VerifyConfig:
     """Target model (directory, alias or s3:// prefix): its config.json gives H for the extraction estimate."""
     hidden_size: int | None = None
     """H when no model is given; default: storage_options.REFERENCE_HIDDEN_SIZE."""
-    storage: str = storage_options.DEFAULT
+    storage_option: str = storage_options.DEFAULT
     """Storage option the store will use; its bytes per token size the estimate."""
     store: str | None = None
     """Where the hidden states will go (its free space is checked); default: the merged folder."""
@@ -96,12 +98,13 @@ class VerifyConfig:
         for name in ("expect_drop", "expect_sources"):  # "a,b", a list, or None (Airflow Params give either)
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _names(getattr(self, name)))
-        storage_options.option(self.storage)
+        storage_options.option(self.storage_option)
         check_precision(self.precision, "VerifyConfig.precision")
         if self.target_engine not in EXTRACT_ENGINES:
             raise InputError(f"VerifyConfig.target_engine={self.target_engine!r} is not one of "
                              f"{', '.join(EXTRACT_ENGINES)}")
-        check_engine_storage(self.target_engine, self.storage, "VerifyConfig.target_engine", "VerifyConfig.storage")
+        check_engine_storage_option(self.target_engine, self.storage_option, "VerifyConfig.target_engine",
+                                    "VerifyConfig.storage_option")
         for name in ("tensor_parallel_size", "extract_token_budget", "draft_vocab_size", "ttt_length",
                      "train_token_budget", "train_processes"):
             if int(getattr(self, name)) < 1:

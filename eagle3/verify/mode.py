@@ -30,17 +30,18 @@ def check_mode(mode: str, where: str = "training_mode") -> str:
     return mode
 
 
-def costs(storage: str, hidden_size: int, tokens: int, samples: int, epochs: int,
+def costs(storage_option: str, hidden_size: int, tokens: int, samples: int, epochs: int,
           extract_tokens_per_s: float, train_tokens_per_s: float) -> dict:
     """Bytes and hours of both modes for ``epochs`` passes over ``tokens`` tokens in ``samples`` samples."""
-    est = storage_options.extraction_estimate(storage, hidden_size, tokens, samples, extract_tokens_per_s)
+    est = storage_options.extraction_estimate(storage_option, hidden_size, tokens, samples, extract_tokens_per_s)
     train_h = epochs * tokens / train_tokens_per_s / 3600
     target_h = epochs * tokens / extract_tokens_per_s / 3600
     return {
         "epochs": epochs, "tokens": tokens, "extract_tokens_per_s": extract_tokens_per_s,
         "train_tokens_per_s": train_tokens_per_s,
-        "offline": {"bytes": est["bytes"], "bytes_per_token": est["bytes_per_token"], "storage": storage,
-                    "extract_hours": est["hours"], "train_hours": train_h, "hours": est["hours"] + train_h},
+        "offline": {"bytes": est["bytes"], "bytes_per_token": est["bytes_per_token"],
+                    "storage_option": storage_option, "extract_hours": est["hours"], "train_hours": train_h,
+                    "hours": est["hours"] + train_h},
         "online": {"bytes": 0, "target_hours": target_h, "train_hours": train_h, "hours": target_h + train_h},
     }
 
@@ -69,9 +70,10 @@ def describe(cost: dict) -> list[str]:
     """Two lines for the log, one per mode."""
     off, on = cost["offline"], cost["online"]
     return [
-        f"offline: extract {cost['tokens']} tokens x {off['bytes_per_token']} B/token ({off['storage']}) = "
-        f"{off['bytes'] / 1e9:.3f} GB in {off['extract_hours']:.2f} h at {cost['extract_tokens_per_s']:g} tok/s, "
-        f"then train {cost['epochs']} epoch(s) in {off['train_hours']:.2f} h = {off['hours']:.2f} h",
+        f"offline: extract {cost['tokens']} tokens x {off['bytes_per_token']} B/token "
+        f"({off['storage_option']}) = {off['bytes'] / 1e9:.3f} GB in {off['extract_hours']:.2f} h at "
+        f"{cost['extract_tokens_per_s']:g} tok/s, then train {cost['epochs']} epoch(s) in "
+        f"{off['train_hours']:.2f} h = {off['hours']:.2f} h",
         f"online:  no store; train {cost['epochs']} epoch(s) with the target's forward each epoch: "
         f"{on['target_hours']:.2f} h target + {on['train_hours']:.2f} h draft = {on['hours']:.2f} h",
     ]

@@ -63,7 +63,7 @@ def memory_check(cfg: VerifyConfig, longest: int, max_seq_len: int, online: bool
     usable = memory.USABLE_SHARE * mem
     precision = train_precision(cfg, kind)
     problems, notes = [], []
-    topk = storage_options.option(cfg.storage).target == "topk"
+    topk = storage_options.option(cfg.storage_option).target == "topk"
 
     # Extraction, and online training: with target_engine=transformers its target is a forward inside the
     # trainer (colocated, so it shares the device); with vllm or sglang it is a server on devices of its own.

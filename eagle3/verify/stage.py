@@ -20,7 +20,7 @@ CLI exits non-zero, the DAG fails without retry). Checks:
   expectations, totals, dropped_datasets: what this run asked for (eagle3.verify.expectations)
 
 Example:
-  eagle3 verify --merged MERGED --model smollm2-135m-instruct --storage fp8 --store STORE --tokens-per-s 3000
+  eagle3 verify --merged MERGED --model smollm2-135m-instruct --storage-option fp8 --store STORE --tokens-per-s 3000
 """
 
 from __future__ import annotations
@@ -216,13 +216,14 @@ def _space_check(cfg: VerifyConfig, tokens: int, samples: int) -> dict:
     hidden = cfg.resolved_hidden_size()
     engines = sizing.engine_hours(cfg, tokens)
     rate = engines[cfg.target_engine]["tokens_per_s"]
-    est = storage_options.extraction_estimate(cfg.storage, hidden, tokens, samples, rate)
+    est = storage_options.extraction_estimate(cfg.storage_option, hidden, tokens, samples, rate)
     need, hours = est["bytes"], est["hours"]
     dest = cfg.store or cfg.merged
     free = storage.free_bytes(dest)
     fits = free is None or need * cfg.headroom <= free
     fast = cfg.max_hours is None or hours <= cfg.max_hours
-    detail = (f"{tokens} tokens x {est['bytes_per_token']} B/token ({cfg.storage}, H={hidden}) = {need / 1e9:.3f} GB "
+    detail = (f"{tokens} tokens x {est['bytes_per_token']} B/token ({cfg.storage_option}, H={hidden}) = "
+              f"{need / 1e9:.3f} GB "
               f"(x{cfg.headroom} headroom) vs {'unknown (object store)' if free is None else f'{free / 1e9:.3f} GB'} "
               f"free at {dest}; ~{hours:.2f} h with {cfg.target_engine} at {rate:g} tok/s ("
               + "; ".join(f"{e}: {v['hours']:.2f} h at {v['tokens_per_s']:g} tok/s, {v['source']}"
@@ -232,8 +233,8 @@ def _space_check(cfg: VerifyConfig, tokens: int, samples: int) -> dict:
     if not fast:
         detail += f"; over the {cfg.max_hours} h limit by {hours - cfg.max_hours:.2f} h"
     return _check("extraction_space", fits and fast, detail, bytes_per_token=est["bytes_per_token"], bytes=need,
-                  free_bytes=free, hours=hours, hidden_size=hidden, storage=cfg.storage, tokens_per_s=rate,
-                  engine=cfg.target_engine, engines=engines)
+                  free_bytes=free, hours=hours, hidden_size=hidden, storage_option=cfg.storage_option,
+                  tokens_per_s=rate, engine=cfg.target_engine, engines=engines)
 
 
 def training_mode(cfg: VerifyConfig, space: dict, tokens: int, samples: int) -> dict:
@@ -241,7 +242,7 @@ def training_mode(cfg: VerifyConfig, space: dict, tokens: int, samples: int) -> 
     writes no store, so then the store's space (and extraction hours) no longer fail the gate."""
     from eagle3.verify import mode
 
-    cost = mode.costs(cfg.storage, space["hidden_size"], tokens, samples, cfg.epochs, space["tokens_per_s"],
+    cost = mode.costs(cfg.storage_option, space["hidden_size"], tokens, samples, cfg.epochs, space["tokens_per_s"],
                       cfg.train_tokens_per_s)
     verdict = mode.choose(cfg.training_mode, cost, space["free_bytes"], cfg.headroom, cfg.store or cfg.merged)
     for line in mode.describe(cost):

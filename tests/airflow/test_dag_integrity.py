@@ -216,10 +216,10 @@ def test_params_reach_the_config_with_their_type(dag):
     params = {**{k: dag.params[k] for k in dag.params}, "extract_tokens_per_s": 750, "seed": 7,
               "drop": ["long_reports"], "aux_layers": None, "storage_root": "/r", "model": "m"}
     extract = dag.get_task("extract")
-    for text, layers in ((None, None), (" 1, 14,26 ", [1, 14, 26])):
+    for text, aux_layers in ((None, None), (" 1, 14,26 ", [1, 14, 26])):
         cfg = extract.render_template(extract.partial_kwargs["config"], {**{"params": params, "run_id": "r1"},
                                       "params": {**params, "aux_layers": text}}, jinja_env=dag.get_template_env())
-        assert cfg["layers"] == layers
+        assert cfg["aux_layers"] == aux_layers
     ctx = {"params": params, "run_id": "r1"}
     verify = dag.get_task("verify")
     cfg = verify.render_template(verify.config, ctx, jinja_env=dag.get_template_env())
@@ -346,11 +346,12 @@ def test_target_engine_param_offers_sglang_and_each_stage_gets_it(dag):
     extract, verify, train = (dag.get_task(t) for t in ("extract", "verify", "train"))
     env = dag.get_template_env()
     e = from_dict(ExtractConfig, extract.render_template(extract.partial_kwargs["config"], ctx, jinja_env=env))
-    assert (e.engine, e.tensor_parallel_size, e.storage, e.gpus()) == ("sglang", 8, "fp8-topk", 8)
+    assert (e.engine, e.tensor_parallel_size, e.storage_option, e.gpus()) == ("sglang", 8, "fp8-topk", 8)
     v = from_dict(VerifyConfig, verify.render_template(verify.config, ctx, jinja_env=env))
     assert (v.target_engine, v.tensor_parallel_size) == ("sglang", 8)
     t = from_dict(TrainConfig, train.render_template(train.config, ctx, jinja_env=env))
     assert (t.online, t.target_engine, t.target_tensor_parallel_size) == (True, "sglang", 8)
     bad = {**ctx, "params": {**values, "storage_option": "bf16"}}
-    with pytest.raises(InputError, match="storage='bf16' cannot be filled by VerifyConfig.target_engine='sglang'"):
+    with pytest.raises(InputError,
+                       match="storage_option='bf16' cannot be filled by VerifyConfig.target_engine='sglang'"):
         from_dict(VerifyConfig, verify.render_template(verify.config, bad, jinja_env=env))

@@ -38,7 +38,7 @@ def test_dag_runs_end_to_end_on_a_gemma3_target(airflow_home, tmp_path, tiny_gem
     run = newest_run_dir(root)
     assert json.loads((run / "merged" / "manifest.json").read_text())["vocab_size"] == 262144
     store = json.loads(next((root / "store").rglob("store.json")).read_text())
-    assert store["vocab_size"] == 262144 and store["layers"] == [1, 2, 2]  # 6 layers: [1, L/2-1, L-4]
+    assert store["vocab_size"] == 262144 and store["aux_layers"] == [1, 2, 2]  # 6 layers: [1, L/2-1, L-4]
     report = json.loads((run / "eval" / "report.json").read_text())
     assert report["lossless"] is True and report["target"] == tiny_gemma3_real_tokenizer
     assert report["acceptance_length"] >= 1.0

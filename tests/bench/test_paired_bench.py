@@ -15,7 +15,7 @@ def _inputs(**kw) -> dict:
           "train_time_budget": 150.0, "max_steps": 0, "epochs": 3, "warmup_ratio": 0.03, "seed": 7, "lr": 2e-3}
     return {"train_config": tc, "steps": 208, "warmup": 5, "epoch": 2, "draft_variant": "eagle3",
             "target_engine": "transformers", "engines": {"transformers": 100},
-            "store": {"layers": [1, 14, 26], "storage": "bf16", "precision": {"name": "bfloat16"}}, **kw}
+            "store": {"aux_layers": [1, 14, 26], "storage_option": "bf16", "precision": {"name": "bfloat16"}}, **kw}
 
 
 def test_the_second_draft_changes_one_setting_and_keeps_the_schedule(tmp_path):
@@ -43,7 +43,8 @@ def test_an_online_run_trains_online_from_the_other_engine(tmp_path):
 def test_the_other_engine_extracts_with_the_run_stores_layers_option_and_precision(tmp_path):
     args = pb.extract_args(_inputs(), "vllm", str(tmp_path))
     assert args == ["extract", "--merged", "/r/merged", "--model", "m", "--out", str(tmp_path / "store"),
-                    "--engine", "vllm", "--layers", "1,14,26", "--storage", "bf16", "--precision", "bfloat16"]
+                    "--engine", "vllm", "--aux-layers", "1,14,26", "--storage-option", "bf16", "--precision",
+                    "bfloat16"]
     with pytest.raises(SystemExit, match="needs a run that trained offline"):
         pb.extract_args(_inputs(store=None), "vllm", str(tmp_path))
 
@@ -85,3 +86,36 @@ def test_paired_figures_by_hand():
     other = {**changed, "prompts": changed["prompts"][::-1]}
     with pytest.raises(SystemExit, match="different prompts"):
         pb.compare(base, other, "eagle3", "eagle3.1")
+
+
+def test_a_run_from_before_the_rename_is_read_under_the_new_names(tmp_path, tiny_llama_dir):
+    """A finished run of an older release: its train_state.json's train_config and its store's store.json spell
+    ``layers``/``storage``. The bench reads both under the new names and extracts with the new flags."""
+    from eagle3 import checkpoint
+    from eagle3.extract.store import StoreWriter
+    from eagle3.target import model_fingerprint
+
+    run = tmp_path / "root" / "runs" / "eagle3_train" / "run1"
+    old_tc = {**_inputs()["train_config"], "model": tiny_llama_dir, "store": str(tmp_path / "store"),
+              "vocab": "/r/vocab", "layers": [1, 3, 4], "storage": "fp8"}
+    checkpoint.save(str(run / "checkpoint"), 208, {}, {}, {"train_config": old_tc, "total_steps": 208,
+                                                              "position": {"epoch": 2}}, {"variant": "eagle3"})
+    (run / "summaries").mkdir(parents=True)
+    (run / "summaries" / "train.json").write_text(json.dumps({"engines": {"transformers": 100}}))
+    writer = StoreWriter(str(tmp_path / "store"), model_fp=model_fingerprint(tiny_llama_dir), model_name="m",
+                         aux_layers=[1, 3, 4], hidden_size=64, vocab_size=100, storage_option="fp8", task="0of1",
+                         precision={"name": "float32"}).open()
+    store_json = tmp_path / "store" / writer.uri.rsplit("/", 1)[1] / "store.json"
+    info = json.loads(store_json.read_text())
+    info["layers"], info["storage"] = info.pop("aux_layers"), info.pop("storage_option")
+    store_json.write_text(json.dumps(info))
+    with pytest.warns(DeprecationWarning) as recorded:
+        inputs = pb.run_inputs(str(run))
+    said = [str(w.message).split(" is deprecated")[0] for w in recorded if w.category is DeprecationWarning]
+    state = run / "checkpoint" / "step-00000208" / "train_state.json"
+    assert said == [f"{state} train_config: layers", f"{state} train_config: storage", f"{store_json}: layers",
+                    f"{store_json}: storage"]
+    assert (inputs["train_config"]["aux_layers"], inputs["train_config"]["storage_option"]) == ([1, 3, 4], "fp8")
+    assert not {"layers", "storage"} & set(inputs["train_config"])
+    assert pb.extract_args(inputs, "vllm", str(tmp_path / "w"))[-6:] == [
+        "--aux-layers", "1,3,4", "--storage-option", "fp8", "--precision", "float32"]

@@ -54,7 +54,7 @@ OWNERS = {name: module for module, names in (
     # the stage registry; a free port for a test server
     ("eagle3/stages.py", "STAGES COMMANDS"), ("eagle3/serving/process.py", "free_port"),
     # the aux-layer validator (extraction and the decoder); the OOM halving policy (extraction and training)
-    ("eagle3/target.py", "aux_layers"), ("eagle3/oom.py", "halved_budget"),
+    ("eagle3/target.py", "resolve_aux_layers"), ("eagle3/oom.py", "halved_budget"),
     # one renderer of a run's summary: the number formatter, the engine rows and verdicts, the task outcome;
     # the content read from a run's files (report.json's and the UI tab's); the texts and tables both pages print
     ("eagle3/report/summary.py", "fmt_metric headline_rows lossless_text tie_flips run_status"),
@@ -78,13 +78,19 @@ OWNERS = {name: module for module, names in (
     # the extract engines: which exist, which are served, what a top-k-only engine refuses; the served engines'
     # shared lifecycle, checks and factory; SGLang's flags, request and module; a server log's last error line;
     # the capture draft; the codec's ready top-k
-    ("eagle3/extract/config.py", "ENGINES SERVED_ENGINES check_engine_storage"),
+    ("eagle3/extract/config.py", "ENGINES SERVED_ENGINES check_engine_storage_option"),
     ("eagle3/extract/served.py", "served_capture check_states package_version"),
     ("eagle3/serving/sglang.py", "HIDDEN_STATE_FLAGS states_request default_module"),
     ("eagle3/serving/process.py", "last_error_line _ERROR_LINE"),
     ("eagle3/export.py", "write_capture_draft"), ("eagle3/extract/codec.py", "TopK"),
+    # one name per concept: the table of renamed keys and the one reader of old names (Config JSON and kwargs,
+    # the command line, a draft checkpoint); store.json's reader
+    ("eagle3/config.py", "RENAMED renamed_keys renamed_fields deprecated"),
+    ("eagle3/extract/store_format.py", "read_store_json upgraded_store_json"),
 ) for name in names.split()}
 RETIRED = ("sample_id", "_free_port", "_stats_with_table", "_publish_and_say", "_evaluate_and_say", "stage_cli",
+           # the aux layers' and the storage option's other names (eagle3.config.RENAMED)
+           "trained_aux_layer_ids", "engine_aux_layer_ids", "check_engine_storage", "LAYERS",
            # the report stage's and the UI tab's own readers of a run's files, before eagle3.report.collect
            "read_acceptance", "_task_results", "_reuse", "_read_json", "dataset_rows", "store_dir",
            # the vllm engine's own version probe and answer error, before eagle3.extract.served
@@ -142,3 +148,43 @@ def test_both_report_pages_print_what_eagle3_report_view_formats():
                if re.search(r"""["'](publish|verify|sglang_report|stats_table)\.json["']|read_metrics\(""",
                             p.read_text())]
     assert readers == ["eagle3/report/collect.py"], readers
+
+
+OLD_NAMES = ("storage", "layers", "aux_layer_ids")
+"""The storage option's and the aux layers' old names: only eagle3.config.RENAMED spells them as a key."""
+OTHER_CONCEPTS = {
+    ("eagle3/memory.py", "layers"),  # the decoder layers' parameter count, not the aux layers
+    ("eagle3/extract/lean_llama.py", "layers"),  # the lean forward's decoder layers
+    ("eagle3/demo/code_tasks.py", "layers"), ("eagle3/demo/corpus.py", "storage"),  # words of the demo corpus
+}
+
+
+def test_the_storage_option_and_the_aux_layers_have_one_name_in_every_layer():
+    """No Config field, attribute, argument, JSON key or CLI flag of the product or the benches uses an old
+    name: ``storage_option`` and ``aux_layers`` from the DAG's Params to the Configs, the CLI and the files
+    written (the old names are read through eagle3.config.RENAMED alone)."""
+    from eagle3.config import RENAMED
+
+    assert {old: RENAMED[old] for old in OLD_NAMES} == {"storage": "storage_option", "layers": "aux_layers",
+                                                        "aux_layer_ids": "aux_layers"}
+    found = []
+    for path in _files(CODE + ("bench",)):
+        where, text = str(path.relative_to(REPO)), path.read_text()
+        for node in ast.walk(ast.parse(text, where)):
+            if isinstance(node, ast.ClassDef):  # a dataclass field or a Protocol member
+                names = [s.target.id for s in node.body
+                         if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names = [node.attr]
+            elif isinstance(node, ast.keyword):
+                names = [node.arg]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in node.args.args + node.args.kwonlyargs]
+            elif isinstance(node, ast.Constant) and where != "eagle3/config.py":  # a JSON key, a Config key
+                names = [node.value]
+            else:
+                continue
+            found += [f"{where}:{node.lineno} {n}" for n in names
+                      if n in OLD_NAMES and (where, n) not in OTHER_CONCEPTS]
+        found += [f"{where}: {m}" for m in re.findall(r"--(?:storage|layers|aux-layer-ids)(?![-\w])", text)]
+    assert found == []

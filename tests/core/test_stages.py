@@ -59,7 +59,7 @@ def test_aliases_and_choices_come_from_the_registry():
     assert build_parser().parse_args(["tokenize", "--tokenizer", "T"]).model == "T"
     assert build_parser().parse_args(["regenerate", "--dataset", "a,b"]).datasets == ("a", "b")
     with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
-        build_parser().parse_args(["extract", "--storage", "fp4"])
+        build_parser().parse_args(["extract", "--storage-option", "fp4"])
     assert "{bf16,fp8,fp8-topk}" in _help(["extract", "--help"])
 
 

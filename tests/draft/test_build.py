@@ -21,7 +21,7 @@ def _vocab(v=49152, vd=300):
 @pytest.mark.parametrize("init", ["target", "random"])
 def test_build_draft_both_inits(tiny_llama_dir, init):
     cfg = DraftConfig.from_target_dir(tiny_llama_dir, draft_vocab_size=300)
-    assert cfg.aux_layer_ids == (1, 3, 4) and cfg.num_key_value_heads == 2
+    assert cfg.aux_layers == (1, 3, 4) and cfg.num_key_value_heads == 2
     d2t, t2d = _vocab()
     model = build_draft(cfg, tiny_llama_dir, d2t, t2d, init=init, seed=0)
     ref = read_target_tensors(tiny_llama_dir, ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",

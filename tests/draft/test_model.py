@@ -18,11 +18,11 @@ def test_config_mirrors_target_transformers5_and_4_layouts():
           "num_hidden_layers": 30, "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}
     cfg = DraftConfig.from_target(v5, draft_vocab_size=8192)
     assert (cfg.rope_theta, cfg.rope_scaling, cfg.head_dim) == (100000.0, None, 64)
-    assert cfg.aux_layer_ids == (1, 14, 26)  # [1, L/2-1, L-4]
+    assert cfg.aux_layers == (1, 14, 26)  # [1, L/2-1, L-4]
     v4 = dict(v5, rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
     del v4["rope_parameters"]
-    cfg4 = DraftConfig.from_target(v4, draft_vocab_size=100, aux_layer_ids=[2, 3, 4])
+    cfg4 = DraftConfig.from_target(v4, draft_vocab_size=100, aux_layers=[2, 3, 4])
     assert cfg4.rope_theta == 500000.0 and cfg4.rope_scaling["rope_type"] == "llama3"
     assert DraftConfig.from_dict(cfg4.to_dict()) == cfg4
     with pytest.raises(InputError, match="draft_vocab_size"):

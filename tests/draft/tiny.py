@@ -10,7 +10,7 @@ from eagle3.draft.config import DraftConfig
 def tiny_config(**over) -> DraftConfig:
     base = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                 rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=256, vocab_size=50,
-                draft_vocab_size=20, aux_layer_ids=(1, 3, 4))
+                draft_vocab_size=20, aux_layers=(1, 3, 4))
     base.update(over)
     return DraftConfig(**base)
 

@@ -16,7 +16,7 @@ def export_draft(target_dir: str, out: Path, init: str = "random", vd: int = 409
     from eagle3.draft.config import DraftConfig
     from eagle3.export import draft_config_json, export_tensors
 
-    cfg = DraftConfig.from_target_dir(target_dir, draft_vocab_size=vd, aux_layer_ids=aux)
+    cfg = DraftConfig.from_target_dir(target_dir, draft_vocab_size=vd, aux_layers=aux)
     d2t = torch.zeros(vd, dtype=torch.long)  # draft id i -> target id i: the first Vd ids
     t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     t2d[:vd] = True

@@ -59,7 +59,7 @@ def lens_draft(target_dir: str, out: Path, aux: tuple[int, int, int], slot: int 
     from eagle3.target import vocab_size
 
     v = vocab_size(target_dir)
-    cfg = DraftConfig.from_target_dir(target_dir, draft_vocab_size=v, aux_layer_ids=list(aux), variant=variant)
+    cfg = DraftConfig.from_target_dir(target_dir, draft_vocab_size=v, aux_layers=list(aux), variant=variant)
     draft = build_draft(cfg, target_dir, torch.zeros(v, dtype=torch.long), torch.ones(v, dtype=torch.bool),
                         init="target", seed=1)
     h = cfg.hidden_size
@@ -79,7 +79,7 @@ def lens_draft(target_dir: str, out: Path, aux: tuple[int, int, int], slot: int 
         draft.fc.weight[:, slot * h:(slot + 1) * h].copy_(block)
     out.mkdir(parents=True, exist_ok=True)
     save_file(export_tensors(draft.state_dict(), "float32", "lens draft", variant), str(out / "model.safetensors"))
-    claimed = DraftConfig.from_target_dir(target_dir, draft_vocab_size=v, aux_layer_ids=list(config_aux or aux),
+    claimed = DraftConfig.from_target_dir(target_dir, draft_vocab_size=v, aux_layers=list(config_aux or aux),
                                           variant=variant)
     (out / "config.json").write_text(json.dumps(draft_config_json(claimed, "float32")))
     return str(out)

@@ -52,7 +52,7 @@ def test_evaluate_writes_a_lossless_report(tiny_llama_dir, tiny_draft, prompts, 
     assert len(report["accept_rate_by_position"]) == 3
     assert report["tokens_per_s_spec"] > 0 and report["tokens_per_s_base"] > 0
     assert report["speedup"] == pytest.approx(report["tokens_per_s_spec"] / report["tokens_per_s_base"])
-    assert report["aux_layer_ids"] == [1, 3, 4] and report["steps"] == 3
+    assert report["aux_layers"] == [1, 3, 4] and report["steps"] == 3
     # τ is Σ emitted / Σ verifications over every prompt; the random draft accepts nothing, so no last round
     # overshoots max_new_tokens and the emitted tokens are the output less the prefill's token
     steps = sum(p["verifications"] for p in report["prompts"])

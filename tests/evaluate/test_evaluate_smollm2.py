@@ -23,4 +23,4 @@ def test_speculative_equals_greedy_on_smollm2(smollm2_dir, tmp_path, make_draft)
     assert all(p["lossless"] for p in report["prompts"])
     assert [p["id"] for p in report["prompts"]] == ["HumanEval/0", "HumanEval/1"]
     assert 1.0 <= summary["acceptance_length"] <= 4.0
-    assert report["aux_layer_ids"] == [1, 14, 26]  # SmolLM2 has 30 layers: [1, L/2-1, L-4]
+    assert report["aux_layers"] == [1, 14, 26]  # SmolLM2 has 30 layers: [1, L/2-1, L-4]

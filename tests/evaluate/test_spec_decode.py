@@ -58,7 +58,7 @@ def tiny(tiny_llama_dir):
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
-    return TargetRunner(model, aux_layer_ids=[1, 3, 4])
+    return TargetRunner(model, aux_layers=[1, 3, 4])
 
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 28, 2]
@@ -112,7 +112,7 @@ def _random_draft(tiny_llama_dir, vd=4096):
     from eagle3.draft.build import build_draft
     from eagle3.draft.config import DraftConfig
 
-    cfg = DraftConfig.from_target_dir(tiny_llama_dir, draft_vocab_size=vd, aux_layer_ids=[1, 3, 4])
+    cfg = DraftConfig.from_target_dir(tiny_llama_dir, draft_vocab_size=vd, aux_layers=[1, 3, 4])
     d2t = torch.zeros(vd, dtype=torch.long)  # draft id i -> target id i
     t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     t2d[:vd] = True
@@ -148,7 +148,7 @@ def test_eagle3_stepper_cache_rollback_matches_fresh_run(tiny_llama_dir):
     assert torch.allclose(got[1], want[1], atol=1e-5)
 
 
-def test_aux_layer_ids_follow_the_extractions_rule(tiny_llama_dir):
+def test_aux_layers_follow_the_extractions_rule(tiny_llama_dir):
     # the last layer's output is the normed `last`, so id L-1 is refused here as in extraction (eagle3.target)
     from transformers import AutoModelForCausalLM
 
@@ -156,5 +156,5 @@ def test_aux_layer_ids_follow_the_extractions_rule(tiny_llama_dir):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
     with pytest.raises(InputError, match=r"need 3 layer ids in \[0, 6\] for a 8-layer target"):
-        TargetRunner(model, aux_layer_ids=[1, 3, 7])
-    assert TargetRunner(model).aux_layer_ids == []
+        TargetRunner(model, aux_layers=[1, 3, 7])
+    assert TargetRunner(model).aux_layers == []

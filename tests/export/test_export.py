@@ -52,12 +52,12 @@ def test_export_layout_and_config(tmp_path):
 
 
 @pytest.mark.parametrize("trained", [[1, 3, 4], [0, 2, 5]])
-def test_aux_layer_ids_are_right_for_both_engines(tmp_path, trained):
+def test_aux_layers_are_right_for_both_engines(tmp_path, trained):
     """Trained on the OUTPUTS of layers `trained`. SGLang reads eagle_config and adds 1 (so: as trained);
     vLLM reads the top-level key first and captures the input of layer k for id k (so: trained + 1).
     Hand-computed for each engine; the export before this test had no top-level key, so vLLM captured
     every layer one too early."""
-    model = make_tiny_draft(aux_layer_ids=tuple(trained))
+    model = make_tiny_draft(aux_layers=tuple(trained))
     write_checkpoint(tmp_path / "ckpt", model)
     export(ExportConfig(checkpoint=str(tmp_path / "ckpt"), out=str(tmp_path / "draft")))
     cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
@@ -167,3 +167,20 @@ def test_a_full_vocab_draft_whose_map_is_not_the_identity_is_refused():
     state["d2t"][0] = 1
     with pytest.raises(InputError, match="not the identity"):
         export_tensors(state, "float32", "ckpt/model.safetensors")
+
+
+def test_a_checkpoint_from_before_the_rename_exports(tmp_path, caplog):
+    """A checkpoint's config.json of an older release names the aux layers ``aux_layer_ids``: it still exports
+    (and resumes, through the same DraftConfig.from_dict), saying which key replaces it."""
+    model = make_tiny_draft(aux_layers=(0, 2, 5))
+    folder = write_checkpoint(tmp_path / "ckpt", model)
+    saved = json.loads((folder / "config.json").read_text())
+    saved["aux_layer_ids"] = saved.pop("aux_layers")
+    (folder / "config.json").write_text(json.dumps(saved))
+    with pytest.warns(DeprecationWarning, match="aux_layer_ids is deprecated, use aux_layers"):
+        summary = export(ExportConfig(checkpoint=str(tmp_path / "ckpt"), out=str(tmp_path / "draft")))
+    assert f"{folder / 'config.json'}: aux_layer_ids is deprecated, use aux_layers" in caplog.text
+    assert summary["aux_layers"] == [0, 2, 5]
+    cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 5]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 3, 6]

@@ -36,7 +36,7 @@ def _hooked(cap, seq):
 
 
 def test_default_layers_and_the_asked_precision_on_cpu(cap):
-    assert cap.num_layers == 8 and cap.layers == [1, 3, 4]
+    assert cap.num_layers == 8 and cap.aux_layers == [1, 3, 4]
     assert next(cap.model.parameters()).dtype == getattr(torch, cap.precision.name)
     assert cap.precision.requested == cap.precision.name  # forced, whatever this machine has
 
@@ -63,7 +63,7 @@ def test_last_hidden_state_entry_is_already_final_normed(cap):
     aux, last, lengths = cap.forward([seq])
     assert lengths == [len(seq)]
     assert torch.allclose(last, cap.base.norm(pre_norm)[0], **tol)
-    assert torch.equal(aux, torch.cat([outs[i][0] for i in cap.layers], dim=-1))
+    assert torch.equal(aux, torch.cat([outs[i][0] for i in cap.aux_layers], dim=-1))
     # and `last` is what feeds lm_head: the model's own logits come from it, in fp32 whatever the precision
     with torch.no_grad():
         logits = cap.model(input_ids=torch.tensor([seq])).logits[0]
@@ -86,7 +86,7 @@ def test_right_padded_batch_matches_single_samples(cap):
 
 
 def test_layer_override_and_bad_layers(tiny_llama_dir):
-    assert TargetCapture(tiny_llama_dir, "cpu", [0, 2, 6]).layers == [0, 2, 6]
+    assert TargetCapture(tiny_llama_dir, "cpu", [0, 2, 6]).aux_layers == [0, 2, 6]
     with pytest.raises(InputError, match="aux layers"):
         TargetCapture(tiny_llama_dir, "cpu", [1, 2, 7])  # layer 7's output is the normed `last`
     with pytest.raises(InputError, match="aux layers"):

@@ -24,7 +24,7 @@ def test_smollm2_alias_extracts_default_layers_and_normed_last(tmp_path, smollm2
     summary = extract(ExtractConfig(merged=write_merged(tmp_path / "m", samples), model=SMOLLM2_ALIAS,
                                     out=str(tmp_path / "s"), device="cpu", precision=precision))
     store = HiddenStateStore(summary["store"])
-    assert store.layers == [1, 14, 26] and store.hidden_size == 576  # 30 layers: [1, L/2-1, L-4]
+    assert store.aux_layers == [1, 14, 26] and store.hidden_size == 576  # 30 layers: [1, L/2-1, L-4]
     assert summary["bytes_per_token"] == 8 * 576 + 5
     model = load_model(SMOLLM2_ALIAS, "cpu", precision="float32")  # the reference: fp32, whatever extract ran in
     with torch.no_grad():

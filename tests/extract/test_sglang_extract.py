@@ -40,7 +40,7 @@ from tests.train.train_helpers import peaked_copy
 
 pytestmark = pytest.mark.precision
 FAKE_DIR = REPO / "tests" / "evaluate"
-LAYERS = (1, 3, 5)
+AUX_LAYERS = (1, 3, 5)
 # measured 2026-12-03 (this file's data): aux vs HF 3.3% / 3.5% (fp32 / bf16), vs the transformers store 0.12% /
 # 5.0%; log-probs vs HF fp32 within fp16 rounding / 0.28 (the transformers engine's bf16: 0.18)
 AUX_ORACLE_REL = {"float32": 0.05, "bfloat16": 0.05}
@@ -69,7 +69,7 @@ def data(tmp_path_factory, tiny_llama_dir) -> dict:
 
 def _extract(data, out, engine, **kw) -> dict:
     return extract(ExtractConfig(merged=data["merged"], model=data["target"], out=str(out), engine=engine,
-                                 storage="fp8-topk", layers=LAYERS, device="cpu", **kw))
+                                 storage_option="fp8-topk", aux_layers=AUX_LAYERS, device="cpu", **kw))
 
 
 def _rows_rel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -113,7 +113,7 @@ def test_the_sglang_store_equals_the_transformers_store_and_the_models_own_numbe
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
         with torch.no_grad():
             out = model(input_ids=a["input_ids"].long()[None], output_hidden_states=True)
-        ref_aux = torch.cat([out.hidden_states[i + 1][0] for i in LAYERS], dim=-1)  # outputs of layers i
+        ref_aux = torch.cat([out.hidden_states[i + 1][0] for i in AUX_LAYERS], dim=-1)  # outputs of layers i
         worst["oracle"] = max(worst["oracle"], _rows_rel(a["aux"], ref_aux).max().item())
         worst["engine"] = max(worst["engine"], _rows_rel(a["aux"], b["aux"]).max().item())
         # row t of the store: the distribution position t predicts (token t + 1)
@@ -205,9 +205,9 @@ def test_sigterm_stops_the_server_and_removes_the_capture_draft(data, fake_sglan
                   FAKE_SGLANG_ARGV_LOG=str(fake_sglang))
     env["PYTHONPATH"] = os.pathsep.join([str(FAKE_DIR), env["PYTHONPATH"]])
     proc = subprocess.Popen([sys.executable, "-m", "eagle3.cli", "extract", "--merged", data["merged"], "--model",
-                             data["target"], "--out", str(tmp_path / "s"), "--engine", "sglang", "--storage",
-                             "fp8-topk", "--device", "cpu"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                             data["target"], "--out", str(tmp_path / "s"), "--engine", "sglang",
+                             "--storage-option", "fp8-topk", "--device", "cpu"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
     while not fake_sglang.exists() or not fake_sglang.read_text().strip():
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0][-2000:]
@@ -221,37 +221,41 @@ def test_sigterm_stops_the_server_and_removes_the_capture_draft(data, fake_sglan
     assert "SGLang server (pid" in log and "stopped" in log
 
 
-@pytest.mark.parametrize("storage", ["bf16", "fp8"])
-def test_storage_options_that_need_last_are_refused_with_the_fix(storage):
+@pytest.mark.parametrize("storage_option", ["bf16", "fp8"])
+def test_storage_options_that_need_last_are_refused_with_the_fix(storage_option):
     from eagle3.train.config import TrainConfig
     from eagle3.verify import VerifyConfig
 
     fix = ("SGLang's /generate returns the aux layers and the target's top-k log-probs, not the final-norm state "
-           f"`last` that {storage!r} stores; use storage 'fp8-topk' (DAG Param storage_option, CLI --storage), "
-           "or engine 'vllm' (DAG Param target_engine)")
+           f"`last` that {storage_option!r} stores; use storage_option 'fp8-topk' (DAG Param storage_option, CLI "
+           "--storage-option), or engine 'vllm' (DAG Param target_engine)")
     with pytest.raises(InputError) as err:
-        ExtractConfig("m", "x", "o", engine="sglang", storage=storage)
-    assert str(err.value) == f"ExtractConfig.storage={storage!r} cannot be filled by ExtractConfig.engine='sglang': {fix}"
+        ExtractConfig("m", "x", "o", engine="sglang", storage_option=storage_option)
+    assert str(err.value) == (f"ExtractConfig.storage_option={storage_option!r} cannot be filled by "
+                              f"ExtractConfig.engine='sglang': {fix}")
     with pytest.raises(InputError) as err:
-        TrainConfig(vocab="v", out="o", merged="m", model="x", online=True, target_engine="sglang", storage=storage)
-    assert str(err.value) == (f"TrainConfig.storage={storage!r} cannot be filled by TrainConfig.target_engine="
-                              f"'sglang': {fix}")
-    with pytest.raises(InputError, match="VerifyConfig.storage=.* cannot be filled by VerifyConfig.target_engine"):
-        VerifyConfig("m", target_engine="sglang", storage=storage)
-    ExtractConfig("m", "x", "o", engine="sglang", storage="fp8-topk", tensor_parallel_size=8, quantization="fp8")
+        TrainConfig(vocab="v", out="o", merged="m", model="x", online=True, target_engine="sglang",
+                    storage_option=storage_option)
+    assert str(err.value) == (f"TrainConfig.storage_option={storage_option!r} cannot be filled by "
+                              f"TrainConfig.target_engine='sglang': {fix}")
+    with pytest.raises(InputError,
+                       match="VerifyConfig.storage_option=.* cannot be filled by VerifyConfig.target_engine"):
+        VerifyConfig("m", target_engine="sglang", storage_option=storage_option)
+    ExtractConfig("m", "x", "o", engine="sglang", storage_option="fp8-topk", tensor_parallel_size=8,
+                  quantization="fp8")
     with pytest.raises(InputError, match="pipeline_parallel_size=2 with engine='sglang'"):
-        ExtractConfig("m", "x", "o", engine="sglang", storage="fp8-topk", pipeline_parallel_size=2)
+        ExtractConfig("m", "x", "o", engine="sglang", storage_option="fp8-topk", pipeline_parallel_size=2)
 
 
 def test_the_cli_takes_engine_sglang_and_exits_2_on_a_storage_it_cannot_fill(data, tmp_path):
     common = ["--merged", data["merged"], "--model", data["target"], "--out", str(tmp_path / "s"), "--engine", "sglang"]
-    out = subprocess.run([sys.executable, "-m", "eagle3.cli", "extract", *common, "--storage", "bf16"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "eagle3.cli", "extract", *common, "--storage-option", "bf16"], cwd=REPO,
                          env=cli_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "cannot be filled by ExtractConfig.engine='sglang'" in out.stderr, out.stderr
     env = cli_env(EAGLE3_SGLANG_MODULE="fake_sglang_server", EAGLE3_PRECISION="float32")
     env["PYTHONPATH"] = os.pathsep.join([str(FAKE_DIR), env["PYTHONPATH"]])
-    out = subprocess.run([sys.executable, "-m", "eagle3.cli", "extract", *common, "--storage", "fp8-topk",
-                          "--layers", "1,3,5", "--device", "cpu"], cwd=REPO, env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "eagle3.cli", "extract", *common, "--storage-option", "fp8-topk",
+                          "--aux-layers", "1,3,5", "--device", "cpu"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout)["engine"]["name"] == "sglang"

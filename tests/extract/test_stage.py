@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -33,7 +34,7 @@ def test_store_holds_exact_real_tokens_matching_single_sample_forward(tmp_path, 
     assert "extract estimate:" in caplog.text and "tok/s" in caplog.text and "ETA" in caplog.text
     store = HiddenStateStore(str(tmp_path / "store"))
     assert sorted(store.sample_ids()) == sorted(s["id"] for s in samples)
-    assert store.layers == [1, 3, 4] and store.verify() == []
+    assert store.aux_layers == [1, 3, 4] and store.verify() == []
     cap = TargetCapture(tiny_llama_dir, "cpu")
     for s in samples[:4]:
         got = store.get(s["id"])
@@ -70,15 +71,35 @@ def test_tasks_split_the_work_and_write_their_own_files(tmp_path, tiny_llama_dir
 
 
 def test_layer_override_keys_the_store(tmp_path, tiny_llama_dir, merged_small):
-    summary = extract(_cfg(merged_small, tiny_llama_dir, tmp_path / "s", layers=(0, 2, 5)))
+    summary = extract(_cfg(merged_small, tiny_llama_dir, tmp_path / "s", aux_layers=(0, 2, 5)))
     assert summary["store"].endswith("-L0_2_5-bf16")
-    assert HiddenStateStore(summary["store"]).layers == [0, 2, 5]
+    assert HiddenStateStore(summary["store"]).aux_layers == [0, 2, 5]
+
+
+def test_an_old_style_command_line_fills_the_store_the_new_one_reuses(tmp_path, tiny_llama_dir, merged_small,
+                                                                      capsys, caplog):
+    """`eagle3 extract --storage fp8 --layers 0,2,5` (the flags' names before the rename) still runs, says which
+    flags replace them, and fills the same store folder that the new flags then find complete."""
+    from eagle3.cli import main
+
+    common = ["extract", "--merged", merged_small, "--model", tiny_llama_dir, "--out", str(tmp_path / "s"),
+              "--device", "cpu", "--token-budget", "256"]
+    with pytest.warns(DeprecationWarning):
+        assert main([*common, "--storage", "fp8", "--layers", "0,2,5"]) == 0
+    old = json.loads(capsys.readouterr().out)
+    assert "command line: --storage is deprecated, use --storage-option" in caplog.text
+    assert "command line: --layers is deprecated, use --aux-layers" in caplog.text
+    assert old["store"].endswith("-L0_2_5-fp8") and old["samples_extracted"] == 24
+    assert (old["storage_option"], old["aux_layers"]) == ("fp8", [0, 2, 5])
+    assert main([*common, "--storage-option", "fp8", "--aux-layers", "0,2,5"]) == 0
+    new = json.loads(capsys.readouterr().out)
+    assert (new["store"], new["samples_skipped"], new["samples_extracted"]) == (old["store"], 24, 0)
 
 
 def test_fp8_topk_store_rebuilds_the_target_argmax(tmp_path, tiny_llama_dir):
     samples = make_samples(6, seed=6)
     summary = extract(_cfg(write_merged(tmp_path / "m", samples), tiny_llama_dir, tmp_path / "s",
-                           storage="fp8-topk"))
+                           storage_option="fp8-topk"))
     assert summary["bytes_per_token"] == 3 * 64 + 6 + 16 * 6 + 5
     store = HiddenStateStore(summary["store"])
     cap = TargetCapture(tiny_llama_dir, "cpu")
@@ -100,7 +121,7 @@ def test_estimate_refuses_a_store_that_cannot_fit(tmp_path, tiny_llama_dir, merg
 
 
 def test_s3_store(s3_bucket, tmp_path, tiny_llama_dir, merged_small):
-    summary = extract(_cfg(merged_small, tiny_llama_dir, f"{s3_bucket}/store", storage="fp8"))
+    summary = extract(_cfg(merged_small, tiny_llama_dir, f"{s3_bucket}/store", storage_option="fp8"))
     assert summary["store"].startswith("s3://")
     store = HiddenStateStore(f"{s3_bucket}/store")
     assert len(store) == 24 and store.verify() == []
@@ -108,7 +129,7 @@ def test_s3_store(s3_bucket, tmp_path, tiny_llama_dir, merged_small):
 
 def test_bad_config_is_refused(tmp_path):
     with pytest.raises(InputError, match="storage"):
-        ExtractConfig(merged="m", model="x", out="o", storage="int4")
+        ExtractConfig(merged="m", model="x", out="o", storage_option="int4")
     with pytest.raises(InputError, match="--shard"):
         ExtractConfig(merged="m", model="x", out="o", shard="2/2")
     from eagle3.config import from_dict

@@ -30,9 +30,9 @@ def _samples(storage, lengths, seed=0, lm_head=None):
     return out
 
 
-def _writer(root, storage="bf16", task="0of1", **kw):
-    args = dict(model_fp="fp0123", model_name="tiny", layers=[1, 3, 4], hidden_size=H, vocab_size=V,
-                storage=storage, task=task)
+def _writer(root, storage_option="bf16", task="0of1", **kw):
+    args = dict(model_fp="fp0123", model_name="tiny", aux_layers=[1, 3, 4], hidden_size=H, vocab_size=V,
+                storage_option=storage_option, task=task)
     args.update(kw)
     return StoreWriter(str(root), **args).open()
 
@@ -61,12 +61,12 @@ def test_shards_are_standard_safetensors_with_deterministic_bytes(tmp_path):
     from safetensors import safe_open
 
     for run in ("a", "b"):
-        _writer(tmp_path / run, storage="fp8").write_shard(_samples("fp8", [3, 2]))
+        _writer(tmp_path / run, storage_option="fp8").write_shard(_samples("fp8", [3, 2]))
     key = store_key("fp0123", [1, 3, 4], "fp8")
     files = [tmp_path / r / key / "shard-0of1-00000.safetensors" for r in ("a", "b")]
     assert files[0].read_bytes() == files[1].read_bytes()
     with safe_open(str(files[0]), framework="pt") as f:
-        assert f.metadata()["storage"] == "fp8"
+        assert f.metadata()["storage_option"] == "fp8"
         assert f.get_tensor("offsets").tolist() == [0, 3, 5]
         assert f.get_tensor("aux").dtype == torch.float8_e4m3fn
 
@@ -85,7 +85,7 @@ def test_verify_reports_a_corrupted_shard(tmp_path):
 @pytest.mark.parametrize("storage", ["bf16", "fp8", "fp8-topk"])
 def test_bytes_per_token_matches_files(tmp_path, storage):
     head = torch.nn.Linear(H, V, bias=False)
-    w = _writer(tmp_path, storage=storage)
+    w = _writer(tmp_path, storage_option=storage)
     entry = w.write_shard(_samples(storage, [200, 300], lm_head=head))
     raw = HiddenStateStore(w.uri).get_raw("s0-0")
     per_token = sum(t[0].numel() * t.element_size() for t in raw.values())
@@ -102,7 +102,7 @@ def test_compact_option_sizes():
 
 
 def test_fp8_decode_error_is_small_relative_to_each_layer(tmp_path):
-    w = _writer(tmp_path, storage="fp8")
+    w = _writer(tmp_path, storage_option="fp8")
     samples = _samples("fp8", [64])
     w.write_shard(samples)
     got = HiddenStateStore(w.uri).get("s0-0")
@@ -117,7 +117,7 @@ def test_target_logprobs_same_interface_for_last_and_topk(tmp_path):
     torch.manual_seed(0)
     head = torch.nn.Linear(H, V, bias=False)
     for storage in ("bf16", "fp8-topk"):
-        w = _writer(tmp_path / storage, storage=storage)
+        w = _writer(tmp_path / storage, storage_option=storage)
         samples = _samples(storage, [20], lm_head=head)
         w.write_shard(samples)
         got = HiddenStateStore(w.uri).get("s0-0")
@@ -142,8 +142,8 @@ def test_store_json_mismatch_is_refused(tmp_path):
 
 
 def test_root_with_two_stores_asks_for_one(tmp_path):
-    _writer(tmp_path, storage="bf16").write_shard(_samples("bf16", [2]))
-    _writer(tmp_path, storage="fp8").write_shard(_samples("fp8", [2]))
+    _writer(tmp_path, storage_option="bf16").write_shard(_samples("bf16", [2]))
+    _writer(tmp_path, storage_option="fp8").write_shard(_samples("fp8", [2]))
     with pytest.raises(InputError, match="several stores"):
         HiddenStateStore(str(tmp_path))
     with pytest.raises(InputError, match="no hidden-state store"):
@@ -152,7 +152,7 @@ def test_root_with_two_stores_asks_for_one(tmp_path):
 
 def test_s3_store_roundtrip(s3_bucket):
     root = f"{s3_bucket}/store"
-    w = _writer(root, storage="fp8")
+    w = _writer(root, storage_option="fp8")
     samples = _samples("fp8", [5, 7])
     w.write_shard(samples)
     store = HiddenStateStore(root)
@@ -179,3 +179,33 @@ def test_truncated_shard_is_an_input_error_naming_it_and_check_uses_marks(tmp_pa
     with pytest.raises(InputError, match="1 corrupted hidden-state shard.*shard-0of1-00000"):
         HiddenStateStore(w.uri).check(["s0-1"])  # the size changed: the mark no longer holds
     HiddenStateStore(w.uri).check(["s1-0"])  # only the shards a stage reads are checked
+
+
+def test_a_store_json_written_before_the_rename_opens_and_is_rewritten_by_the_next_writer(tmp_path, caplog):
+    """store.json of an older release spells the identity ``layers`` and ``storage``. Readers take it (with a
+    deprecation message), the folder name is unchanged (existing stores are reused), and the next writer of the
+    store rewrites the file under the new keys."""
+    import logging
+
+    w = _writer(tmp_path, storage_option="fp8")
+    w.write_shard(_samples("fp8", [3, 2]))
+    assert os.path.basename(w.uri) == "fp0123-L1_3_4-fp8"
+    path = os.path.join(w.uri, "store.json")
+    new = json.load(open(path))
+    assert (new["aux_layers"], new["storage_option"]) == ([1, 3, 4], "fp8") and "layers" not in new
+    old = {("layers" if k == "aux_layers" else "storage" if k == "storage_option" else k): v for k, v in new.items()}
+    open(path, "w").write(json.dumps(old))
+    said = (f"{path}: {{}} is deprecated, use {{}} (re-run `eagle3 extract` on this store, which rewrites the file, "
+            "or rename the key there); the old name is read for one more release")
+    with caplog.at_level(logging.WARNING), pytest.warns(DeprecationWarning) as recorded:
+        store = HiddenStateStore(str(tmp_path), store_key("fp0123", [1, 3, 4], "fp8"))
+    assert [str(r.message) for r in recorded] == [said.format("layers", "aux_layers"),
+                                                  said.format("storage", "storage_option")]
+    assert said.format("layers", "aux_layers") in caplog.text
+    assert (store.aux_layers, store.storage_option, store.info) == ([1, 3, 4], "fp8", new)
+    assert store.get("s0-1")["aux"].shape == (2, 3 * H)
+    with pytest.warns(DeprecationWarning):
+        again = _writer(tmp_path, storage_option="fp8")  # the same store: no "describes another store"
+    assert again.uri == w.uri and json.load(open(path)) == new
+    again.write_shard(_samples("fp8", [4], seed=1))
+    assert len(HiddenStateStore(w.uri)) == 3

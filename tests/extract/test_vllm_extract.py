@@ -101,7 +101,7 @@ def test_the_two_stores_are_the_same_store_but_for_the_engine_they_name(stores):
                                                                         if k != "engine"}
     tokens = sum(len(s["input_ids"]) for s in samples)
     assert theirs.engines() == {"vllm": tokens} and ours.engines() == {"transformers": tokens}
-    assert 300 <= tokens <= 1000 and theirs.layers == [1, 14, 26]
+    assert 300 <= tokens <= 1000 and theirs.aux_layers == [1, 14, 26]
     assert runs["vllm"]["precision"]["name"] == runs["transformers"]["precision"]["name"] == precision
     strip = {"sha256", "engine"}
     assert ({n: {k: v for k, v in e.items() if k not in strip} for n, e in theirs.shards.items()}
@@ -137,7 +137,7 @@ def fp32_reference(stores):
     with torch.no_grad():
         for sid in store.sample_ids():
             out = model.model(input_ids=store.get(sid)["input_ids"][:].long()[None], output_hidden_states=True)
-            aux.append(torch.cat([out.hidden_states[i + 1][0] for i in store.layers], dim=-1))
+            aux.append(torch.cat([out.hidden_states[i + 1][0] for i in store.aux_layers], dim=-1))
             last.append(out.last_hidden_state[0])
     return {"aux": torch.cat(aux).reshape(-1, store.hidden_size), "last": torch.cat(last),
             "lm_head": model.lm_head.weight.detach()}

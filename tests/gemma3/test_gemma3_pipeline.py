@@ -74,7 +74,7 @@ def test_gemma3_through_every_stage_cli(tmp_path):
     assert len(stores) == 1, extract
     info = json.loads(stores[0].read_text())
     assert info["vocab_size"] == 262144 and info["hidden_size"] == 640
-    assert info["layers"] == [1, 8, 14]  # 18 layers: [1, L/2-1, L-4]
+    assert info["aux_layers"] == [1, 8, 14]  # 18 layers: [1, L/2-1, L-4]
     assert extract["forward"].startswith("transformers")  # Gemma takes the transformers forward, not the lean one
 
     _stage(out, "train", "--store", str(out / "store"), "--vocab", str(out / "vocab"), "--out", str(out / "ckpt"),
@@ -91,6 +91,6 @@ def test_gemma3_through_every_stage_cli(tmp_path):
                      "--device", "cpu", "--precision", "float32", "--checkpoint", str(out / "ckpt"))
     report = json.loads((out / "eval" / "report.json").read_text())
     assert summary["lossless"] is True and all(p["lossless"] for p in report["prompts"])
-    assert report["aux_layer_ids"] == [1, 8, 14]
+    assert report["aux_layers"] == [1, 8, 14]
     assert 1.0 <= summary["acceptance_length"] <= 4.0
     print(f"gemma3-270m: tau {summary['acceptance_length']:.3f} (2 HumanEval prompts x 24 tokens, k=3), lossless")

@@ -45,7 +45,7 @@ def test_decoder_cache_is_lossless_across_the_sliding_window(tiny_gemma3_dir):
     from eagle3.draft.config import DraftConfig
 
     model = tiny_gemma3()
-    runner = TargetRunner(model, aux_layer_ids=[1, 2, 3])
+    runner = TargetRunner(model, aux_layers=[1, 2, 3])
     base = greedy_generate(runner, PROMPT, NEW, frozenset())
     assert base.tokens == _full_recompute(model, PROMPT, NEW)
     # Rejected drafts roll the cache back after the window is full (transformers' sliding layer refuses
@@ -54,7 +54,7 @@ def test_decoder_cache_is_lossless_across_the_sliding_window(tiny_gemma3_dir):
         spec = speculative_generate(runner, OracleDraft(PROMPT + base.tokens, correct), PROMPT, NEW, frozenset(),
                                     steps=steps)
         assert spec.tokens == base.tokens, (correct, steps)
-    cfg = DraftConfig.from_target_dir(tiny_gemma3_dir, draft_vocab_size=128, aux_layer_ids=[1, 2, 3])
+    cfg = DraftConfig.from_target_dir(tiny_gemma3_dir, draft_vocab_size=128, aux_layers=[1, 2, 3])
     draft = build_draft(cfg, tiny_gemma3_dir, *_vocab_map(512, 128), init="target", seed=1)
     spec = speculative_generate(runner, Eagle3DraftStepper(draft), PROMPT, NEW, frozenset(), steps=3)
     assert spec.tokens == base.tokens
@@ -75,7 +75,7 @@ def test_draft_config_and_init_follow_gemma_conventions(tiny_gemma3_dir):
     cfg = DraftConfig.from_target_dir(tiny_gemma3_dir, draft_vocab_size=128)
     assert cfg.hidden_act == "silu" and cfg.extra["target_hidden_act"] == "gelu_pytorch_tanh"
     assert cfg.rope_theta == 1_000_000.0 and cfg.rope_scaling is None  # the full-attention layers' rope
-    assert (cfg.head_dim, cfg.num_key_value_heads, cfg.aux_layer_ids) == (16, 1, (1, 2, 2))
+    assert (cfg.head_dim, cfg.num_key_value_heads, cfg.aux_layers) == (16, 1, (1, 2, 2))
     exported = draft_config_json(cfg, "bfloat16")
     assert exported["architectures"] == ["LlamaForCausalLMEagle3"] and exported["hidden_act"] == "silu"
 
@@ -104,7 +104,7 @@ def test_draft_config_and_init_follow_gemma_conventions(tiny_gemma3_dir):
 def test_capture_uses_the_transformers_forward_for_gemma(tiny_gemma3_dir):
     from eagle3.extract.capture import TargetCapture
 
-    cap = TargetCapture(tiny_gemma3_dir, layers=[1, 2, 3], precision="float32")
+    cap = TargetCapture(tiny_gemma3_dir, aux_layers=[1, 2, 3], precision="float32")
     assert cap.forward_path.startswith("transformers") and "gemma3" in cap.forward_path
     assert (cap.num_layers, cap.hidden_size, cap.vocab_size) == (6, 64, 512)
     seqs = [PROMPT * 3, PROMPT[:3]]

@@ -68,7 +68,8 @@ def test_the_storage_option_prices_the_extraction(prep):
     """Hand-computed bytes per token of each option (DESIGN: bf16 8H; fp8 4H+8; fp8-topk 3H+6+6*16), +5 id/mask."""
     h = 7168
     for option, per_token in (("bf16", 8 * h + 5), ("fp8", 4 * h + 8 + 5), ("fp8-topk", 3 * h + 102 + 5)):
-        result = compute_stats(StatsConfig(str(prep), max_seq_len=4096, hidden_size=h, storage=option), write=False)
+        result = compute_stats(StatsConfig(str(prep), max_seq_len=4096, hidden_size=h, storage_option=option),
+                               write=False)
         assert result["bytes_per_token"] == per_token
         assert result["flags"][0]["extract_bytes"] == (6 * 400 + 4096) * per_token + 8 * 7
         # The total is what the verify gate and extract estimate for the same tokens and samples.

@@ -37,10 +37,10 @@ def merged(tmp_path_factory):
 
 @pytest.mark.parametrize("option", list(storage_options.OPTIONS))
 def test_gate_estimate_equals_the_bytes_extraction_writes(option, merged, tiny_llama_dir, tmp_path):
-    gate = verify(VerifyConfig(merged, model=tiny_llama_dir, storage=option, store=str(tmp_path)))
+    gate = verify(VerifyConfig(merged, model=tiny_llama_dir, storage_option=option, store=str(tmp_path)))
     estimate = next(c for c in gate["checks"] if c["name"] == "extraction_space")
-    summary = extract(ExtractConfig(merged=merged, model=tiny_llama_dir, out=str(tmp_path / "store"), storage=option,
-                                    device="cpu", shard_mb=64, progress_every_s=0))
+    summary = extract(ExtractConfig(merged=merged, model=tiny_llama_dir, out=str(tmp_path / "store"),
+                                    storage_option=option, device="cpu", shard_mb=64, progress_every_s=0))
     shards = sorted((tmp_path / "store").glob("*/shard-*.safetensors"))
     assert len(shards) == 1 and summary["samples_extracted"] == gate["samples"]
     written = tensor_bytes(shards[0])

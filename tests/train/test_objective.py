@@ -12,7 +12,7 @@ from eagle3.train import data, objective
 def _tiny_draft(v=50, vd=50, h=16):
     cfg = DraftConfig(hidden_size=h, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
                       head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=128,
-                      vocab_size=v, draft_vocab_size=vd, aux_layer_ids=(1, 2, 3))
+                      vocab_size=v, draft_vocab_size=vd, aux_layers=(1, 2, 3))
     torch.manual_seed(0)
     d2t = torch.zeros(vd, dtype=torch.long)
     return Eagle3Draft(cfg, torch.randn(v, h), d2t, torch.ones(v, dtype=torch.bool))

@@ -48,10 +48,10 @@ def cfg(data, out, store, **kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
-def offline_store(data, storage: str, shard: str = "0/1", name: str | None = None) -> str:
-    out = data["root"] / (name or f"store-{storage}")
-    extract(ExtractConfig(merged=data["merged"], model=data["target"], out=str(out), storage=storage, shard=shard,
-                          device="cpu", precision="float32", token_budget=256))
+def offline_store(data, storage_option: str, shard: str = "0/1", name: str | None = None) -> str:
+    out = data["root"] / (name or f"store-{storage_option}")
+    extract(ExtractConfig(merged=data["merged"], model=data["target"], out=str(out), storage_option=storage_option,
+                          shard=shard, device="cpu", precision="float32", token_budget=256))
     return str(out)
 
 
@@ -59,11 +59,11 @@ def curve(out, event="train") -> list[float]:
     return [r["loss"] for r in read_metrics(str(out / "metrics.jsonl"), event)]
 
 
-@pytest.mark.parametrize("storage", ["bf16", "fp8-topk"])
-def test_online_gives_the_offline_loss_curve(data, tmp_path, storage):
+@pytest.mark.parametrize("storage_option", ["bf16", "fp8-topk"])
+def test_online_gives_the_offline_loss_curve(data, tmp_path, storage_option):
     torch.set_num_threads(1)
-    off = train(cfg(data, tmp_path / "off", offline_store(data, storage), storage=storage))
-    on = train(cfg(data, tmp_path / "on", tmp_path / "no-store", storage=storage, online=True))
+    off = train(cfg(data, tmp_path / "off", offline_store(data, storage_option), storage_option=storage_option))
+    on = train(cfg(data, tmp_path / "on", tmp_path / "no-store", storage_option=storage_option, online=True))
     assert off["mode"] == "offline" and on["mode"] == "online"
     assert on["steps"] == off["steps"] >= 6
     assert curve(tmp_path / "on") == pytest.approx(curve(tmp_path / "off"), rel=1e-5)

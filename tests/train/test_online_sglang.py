@@ -41,7 +41,7 @@ def data(tmp_path, tiny_llama_dir, monkeypatch) -> dict:
 
 def _cfg(data, out, store, **kw) -> TrainConfig:
     base = dict(store=store, vocab=data["vocab"], out=str(data["root"] / out), merged=data["merged"],
-                model=data["target"], storage="fp8-topk", ttt_length=2, token_budget=128, lr=3e-3, log_every=1,
+                model=data["target"], storage_option="fp8-topk", ttt_length=2, token_budget=128, lr=3e-3, log_every=1,
                 eval_every=0, save_every=100, epochs=2, heldout_share=0.1, init="random", device="cpu")
     base.update(kw)
     return TrainConfig(**base)
@@ -55,7 +55,7 @@ def test_online_from_sglang_follows_the_curve_of_the_sglang_store(data):
     torch.set_num_threads(1)
     store = str(data["root"] / "store")
     extract(ExtractConfig(merged=data["merged"], model=data["target"], out=store, engine="sglang",
-                          storage="fp8-topk", device="cpu"))
+                          storage_option="fp8-topk", device="cpu"))
     off = train(_cfg(data, "offline", store))
     on = train(_cfg(data, "online", str(data["root"] / "write-back"), online=True, target_engine="sglang",
                     write_back=True))
@@ -73,7 +73,7 @@ def test_the_cli_takes_target_engine_sglang():
     from eagle3.config import config_from_args
 
     args = build_parser().parse_args(["train", "--online", "--merged", "m", "--model", "t", "--vocab", "v",
-                                      "--out", "o", "--storage", "fp8-topk", "--target-engine", "sglang",
+                                      "--out", "o", "--storage-option", "fp8-topk", "--target-engine", "sglang",
                                       "--target-tensor-parallel-size", "4"])
     cfg = config_from_args(TrainConfig, args)
-    assert (cfg.target_engine, cfg.target_tensor_parallel_size, cfg.storage) == ("sglang", 4, "fp8-topk")
+    assert (cfg.target_engine, cfg.target_tensor_parallel_size, cfg.storage_option) == ("sglang", 4, "fp8-topk")

@@ -41,8 +41,8 @@ def test_engines_count_the_tokens_of_the_named_samples_only(tmp_path):
 
     lengths = {"transformers": [5, 7, 3], "vllm": [4, 6]}
     for task, (engine, ns) in enumerate(lengths.items()):  # two tasks of the same store, one engine each
-        w = StoreWriter(str(tmp_path / "store"), model_fp="fp", model_name="m", layers=[0, 1, 2], hidden_size=4,
-                        vocab_size=10, storage="bf16", task=f"{task}of2", engine={"name": engine}).open()
+        w = StoreWriter(str(tmp_path / "store"), model_fp="fp", model_name="m", aux_layers=[0, 1, 2], hidden_size=4,
+                        vocab_size=10, storage_option="bf16", task=f"{task}of2", engine={"name": engine}).open()
         w.write_shard([{"id": f"{engine}{i}", "input_ids": torch.arange(n, dtype=torch.int32),
                         "loss_mask": torch.ones(n, dtype=torch.uint8),
                         "tensors": encode("bf16", torch.randn(n, 12), torch.randn(n, 4))} for i, n in enumerate(ns)])

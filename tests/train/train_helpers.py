@@ -27,7 +27,7 @@ def _sequences(n: int, seed: int = 0) -> list[list[int]]:
     return seqs
 
 
-def build_store(root: Path, target_dir: str, n: int = 48, storage: str = "bf16",
+def build_store(root: Path, target_dir: str, n: int = 48, storage_option: str = "bf16",
                 seqs: list[list[int]] | None = None, draft_vocab: int = DRAFT_VOCAB) -> tuple[str, str]:
 
     from eagle3.extract.capture import TargetCapture
@@ -39,8 +39,8 @@ def build_store(root: Path, target_dir: str, n: int = 48, storage: str = "bf16",
     seqs = seqs or _sequences(n)
     aux, last, lengths = cap.forward(seqs)
     writer = StoreWriter(str(root / "store"), model_fp=model_fingerprint(target_dir), model_name=target_dir,
-                         layers=cap.layers, hidden_size=cap.hidden_size, vocab_size=cap.vocab_size,
-                         storage=storage, task="0of1").open()
+                         aux_layers=cap.aux_layers, hidden_size=cap.hidden_size, vocab_size=cap.vocab_size,
+                         storage_option=storage_option, task="0of1").open()
     samples, argmax, start = [], [], 0
     for i, (seq, n_tok) in enumerate(zip(seqs, lengths)):
         a, l_ = aux[start:start + n_tok], last[start:start + n_tok]
@@ -48,7 +48,7 @@ def build_store(root: Path, target_dir: str, n: int = 48, storage: str = "bf16",
         argmax += cap.lm_head(l_).argmax(-1).tolist()
         mask = torch.tensor([0, 0, 0] + [1] * (n_tok - 3), dtype=torch.uint8)
         samples.append({"id": f"sample{i:03d}", "input_ids": torch.tensor(seq, dtype=torch.int32),
-                        "loss_mask": mask, "tensors": encode(storage, a, l_, lm_head=cap.lm_head)})
+                        "loss_mask": mask, "tensors": encode(storage_option, a, l_, lm_head=cap.lm_head)})
     half = len(samples) // 2
     for chunk in (samples[:half], samples[half:]):  # two shards
         writer.write_shard(chunk)

@@ -56,20 +56,20 @@ def test_sglang_is_sized_as_a_server_too(tmp_path, merged):  # noqa: F811
     model = target(tmp_path, LLAMA_70B, "llama70b")
     failed, msg, _ = failed_checks(merged, model=model, target_engine="transformers", device_memory_gib=80)
     assert "or target_engine=sglang the same way (storage_option fp8-topk only" in msg
-    ok = verify(VerifyConfig(merged, model=model, target_engine="sglang", storage="fp8-topk",
+    ok = verify(VerifyConfig(merged, model=model, target_engine="sglang", storage_option="fp8-topk",
                              tensor_parallel_size=4, device_memory_gib=80))
-    vllm = verify(VerifyConfig(merged, model=model, target_engine="vllm", storage="fp8-topk",
+    vllm = verify(VerifyConfig(merged, model=model, target_engine="vllm", storage_option="fp8-topk",
                                tensor_parallel_size=4, device_memory_gib=80))
     mem = {c["name"]: c for c in ok["checks"]}["memory"]
     assert mem["passed"] and mem["extraction"] == {c["name"]: c for c in vllm["checks"]}["memory"]["extraction"]
-    failed, msg, _ = failed_checks(merged, model=model, target_engine="sglang", storage="fp8-topk",
+    failed, msg, _ = failed_checks(merged, model=model, target_engine="sglang", storage_option="fp8-topk",
                                    tensor_parallel_size=1, device_memory_gib=80)
     assert failed == {"memory"} and "target_engine=sglang with target_tensor_parallel_size=1" in msg
     assert "target_tensor_parallel_size=4 splits it" in msg  # fp8-topk's [N, V] logits need 4 here
     store = str(tmp_path / "store")
     rates.record(store, "sglang", model, "0of1", tokens=9000, seconds=10.0)
     space = {c["name"]: c for c in verify(VerifyConfig(merged, model=model, store=store, target_engine="sglang",
-                                                       storage="fp8-topk", tensor_parallel_size=4,
+                                                       storage_option="fp8-topk", tensor_parallel_size=4,
                                                        device_memory_gib=80))["checks"]}["extraction_space"]
     assert space["engine"] == "sglang" and space["tokens_per_s"] == 900.0
 
