@@ -57,11 +57,12 @@ def test_the_report_page_and_the_demo_show_both_engines(tmp_path, capsys):
     from pathlib import Path
 
     from eagle3.layout import RunLayout
-    from eagle3.report.html import _headline_section
+    from eagle3.report.collect import acceptance
+    from eagle3.report.html import render_html
 
     report = combine({"transformers": _report([1] * 6, "transformers"), "vllm": _report([3] * 6, "vllm")},
                      "transformers")
-    html = "".join(_headline_section(report, {}))
+    html = render_html({"title": "run", "created_at": "2026-12-03T00:00:00Z", "acceptance": acceptance(report)}, {})
     assert "vLLM" in html and "project decoder" in html and "DISAGREE" in html
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "demo"))
     import run_demo
