@@ -119,3 +119,18 @@ def test_a_run_from_before_the_rename_is_read_under_the_new_names(tmp_path, tiny
     assert not {"layers", "storage"} & set(inputs["train_config"])
     assert pb.extract_args(inputs, "vllm", str(tmp_path / "w"))[-6:] == [
         "--aux-layers", "1,3,4", "--storage-option", "fp8", "--precision", "float32"]
+
+
+def test_the_demo_sets_a_difference_against_the_seed_pairs():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "demo"))
+    import run_demo
+
+    res = lambda d: {"difference": {"difference": d}}  # noqa: E731
+    assert run_demo.against_noise({"target_engine": res(0.2)}) == []  # no seed pair, no verdict
+    within, beyond = (run_demo.against_noise({"seed": res(-0.081), "target_engine": res(d)}) for d in (0.058, 0.1))
+    assert within == ["target_engine: tau difference +0.058; two seeds of the run's own settings differ by 0.081, "
+                      "so it is within training noise"]
+    assert beyond[0].endswith("larger than that one seed pair's difference (a rough yardstick: one pair)")
