@@ -6,13 +6,17 @@ settings that cannot fit. Every term is counted from what the code allocates, no
 Training (eagle3/train/loop.py, one micro-batch of N padded tokens, rows x longest row):
   static     draft params P: fp32 weights + grads + AdamW's two moments = 16 P (bf16 autocast adds a
              2 P cache of bf16 weight copies); the frozen embedding and, for stores that keep `last`,
-             the target's lm_head, both fp32 [V, H] (eagle3/draft/build.py loads them so); the runtime.
+             the target's lm_head, both fp32 [V, H] (eagle3/draft/build.py loads them so); the runtime;
+             per TTT step, the fused loss's fp32 lm_head gradient [Vd, H] (eagle3/draft/loss.py computes it in
+             the forward and saves it; with checkpointed steps only the step being recomputed holds one).
+             The loss's blocks of logits and their gradient are bounded whatever T (2 x loss.BLOCK_BYTES,
+             inside USABLE_SHARE's margin).
   per token  inputs as collated (eagle3/train/data.py: ids int64, aux fp32 [3H], last fp32 [H]);
-             the target's draft-vocab logits fp32 [Vd]; the TTT steps' saved activations (`step_bytes`);
-             the backward of the last step: ~3 fp32 [Vd] rows (the log-softmax's gradient and its temporaries).
+             the target's draft-vocab logits fp32 [Vd]; the TTT steps' saved activations (`step_bytes`).
+             The fused loss keeps no [T, Vd] tensor: its saved h gradient (fp32 [H]) is in `step_bytes`.
 The per-step activation coefficients were counted with `torch.autograd.graph.saved_tensors_hooks` over
-the draft's TTT step on shapes varied one dimension at a time (tests/core/test_memory.py re-counts them), so
-the blockwise attention's O(T) cost is in them: it saves q, k, v, the output and one log-sum-exp per row.
+the draft's TTT step on shapes varied one dimension and the length at a time (tests/core/test_memory.py re-counts
+them), so the blockwise attention's O(T) cost is in them: it saves q, k, v, the output and one log-sum-exp per row.
 
 Extraction: the target's weights (by dtype or quantization, split over tensor x pipeline parallel ranks) plus
 the forward's activations for the token budget (hidden streams, the MLP's inner width, the captured aux/last
@@ -73,20 +77,25 @@ class DraftShape:
 
 
 def step_bytes(s: DraftShape, precision: str, checkpointed: bool, first: bool) -> float:
-    """Bytes per token that one TTT step leaves saved for backward (first: step 0, which adds fc and the
-    target's softmax). Coefficients per unit of each width, counted with saved_tensors_hooks."""
+    """Bytes per token that one TTT step leaves saved for backward (first: step 0, which adds fc). Coefficients
+    per unit of each width, counted with saved_tensors_hooks; `step_static_bytes` is the per-step rest."""
     hq, hkv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     bf16 = precision == "bfloat16"
     if checkpointed:  # only the step's inputs and outputs: hidden [H] and its k, v
         return (8 if bf16 and first else 4) * s.hidden + (0 if first else (4 if bf16 else 8) * hkv)
-    if bf16:  # linear outputs in bf16; norms, rope tables, log-sum-exp and the log-softmax stay fp32
-        per = 42 * s.hidden + 8 * s.intermediate + 4 * s.draft_vocab + 4 * hq + 4 * hkv + 4 * s.heads
+    if bf16:  # linear outputs in bf16; norms, rope tables, log-sum-exp and the loss's h gradient stay fp32
+        per = 44 * s.hidden + 8 * s.intermediate + 4 * hq + 4 * hkv + 4 * s.heads
     else:
-        per = 40 * s.hidden + 16 * s.intermediate + 4 * s.draft_vocab + 8 * hq + 8 * hkv + 4 * s.heads
-    per += 8 * s.head_dim + 8  # rope cos/sin of the step's positions; masks
+        per = 40 * s.hidden + 16 * s.intermediate + 8 * hq + 8 * hkv + 4 * s.heads
+    per += 8 * s.head_dim + 12  # rope cos/sin of the step's positions; masks
     if first:
-        per += 4 * s.draft_vocab + (16 if bf16 else 4) * s.hidden  # target softmax; fc in/out
+        per += (10 if bf16 else 4) * s.hidden  # fc's input and output
     return per
+
+
+def step_static_bytes(s: DraftShape) -> int:
+    """Bytes one un-checkpointed TTT step saves whatever the length: the fused loss's fp32 lm_head gradient."""
+    return 4 * s.draft_vocab * s.hidden
 
 
 def training_peak(s: DraftShape, tokens: int, ttt_length: int, precision: str = "float32",
@@ -103,13 +112,13 @@ def training_peak(s: DraftShape, tokens: int, ttt_length: int, precision: str = 
     static = {"draft weights, grads, AdamW": 16 * p + (2 * p if precision == "bfloat16" else 0),
               "frozen embedding": 4 * s.vocab * s.hidden,
               "target lm_head": 4 * s.vocab * s.hidden if soft_labels else 0,
+              "loss's lm_head gradients": step_static_bytes(s) * (1 if checkpoint_steps else ttt_length),
               "runtime": RUNTIME_BYTES["cuda" if device.startswith("cuda") else "cpu"]}
     acts = step_bytes(s, precision, checkpoint_steps, True) + (ttt_length - 1) * step_bytes(
         s, precision, checkpoint_steps, False)
     if checkpoint_steps:  # backward runs one step again: its whole activations are alive then
         acts += step_bytes(s, precision, False, False)
-    per_token = {"inputs": 16 * s.hidden + 17, "target logits": 4 * s.draft_vocab, "ttt activations": acts,
-                 "backward of a step": 12 * s.draft_vocab}
+    per_token = {"inputs": 16 * s.hidden + 17, "target logits": 4 * s.draft_vocab, "ttt activations": acts}
     if seq_parallel > 1:
         per_token = {k: v / seq_parallel for k, v in per_token.items()}
         # every position's k0/v0 (compute dtype), their fp32 gradients in the attention's backward, the
@@ -267,4 +276,5 @@ def gib(n: float) -> str:
 
 
 __all__ = ["DraftShape", "training_peak", "largest_budget", "target_params", "target_weight_bytes",
-           "extraction_peak", "min_tensor_parallel", "device_memory", "step_bytes", "USABLE_SHARE"]
+           "extraction_peak", "min_tensor_parallel", "device_memory", "step_bytes", "step_static_bytes",
+           "USABLE_SHARE"]

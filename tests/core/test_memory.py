@@ -62,10 +62,25 @@ def test_step_bytes_are_what_autograd_saves(precision, checkpointed, shape):
                           shape["num_key_value_heads"], shape["head_dim"], shape["vocab_size"],
                           shape["draft_vocab_size"])
     one, two = (saved_per_token(precision, t, n, checkpointed, **shape) for n in (1, 2))
-    later = memory.step_bytes(s, precision, checkpointed, first=False)
+    static = 0 if checkpointed else memory.step_static_bytes(s) / t  # per step, whatever t: spread over t here
+    later = memory.step_bytes(s, precision, checkpointed, first=False) + static
     assert two - one == pytest.approx(later, rel=0.03, abs=16)
     if not (precision == "bfloat16" and not checkpointed):  # autocast's bf16 weight copies land in step 0
-        assert one == pytest.approx(memory.step_bytes(s, precision, checkpointed, first=True), rel=0.03, abs=16)
+        first = memory.step_bytes(s, precision, checkpointed, first=True) + static
+        assert one == pytest.approx(first, rel=0.03, abs=16)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_the_per_step_bytes_do_not_grow_with_the_length(precision):
+    """The fused loss's lm_head gradient is per step: doubling t doubles only the per-token part."""
+    shape = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 vocab_size=400, draft_vocab_size=200)
+    s = memory.DraftShape(64, 96, 4, 2, 16, 400, 200)
+    step = {t: (saved_per_token(precision, t, 2, False, **shape) - saved_per_token(precision, t, 1, False, **shape))
+            * t for t in (128, 384)}
+    per_token = memory.step_bytes(s, precision, False, first=False)
+    assert (step[384] - step[128]) / 256 == pytest.approx(per_token, rel=0.03)
+    assert step[128] - 128 * per_token == pytest.approx(memory.step_static_bytes(s), rel=0.03)
 
 
 def test_prediction_within_25_percent_of_measured_peak_rss():
