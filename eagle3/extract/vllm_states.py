@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from eagle3.errors import Eagle3Error, InputError
+from eagle3.evaluate.lossless import first_difference
 from eagle3.extract.served import check_states
 from eagle3.serving.hidden_states import FORMAT, STATES, TOKENS
 
@@ -66,14 +67,8 @@ def read_states(path: str, sample_id: str, input_ids, layer_ids: list[int], hidd
         raise bad(f"holds {states.dtype} states, not {dtype} (the server's --dtype)")
     if tokens.numel() != ids.numel() or not torch.equal(tokens.long().flatten(), ids):
         raise bad(f"is for {tokens.numel()} other tokens than the sample's {ids.numel()} "
-                  f"(first differing at {_first_difference(tokens.long().flatten(), ids)})")
+                  f"(first differing at {first_difference(tokens.long().flatten().tolist(), ids.tolist())})")
     return states
-
-
-def _first_difference(a: torch.Tensor, b: torch.Tensor) -> int:
-    n = min(a.numel(), b.numel())
-    diff = (a[:n] != b[:n]).nonzero()
-    return int(diff[0]) if diff.numel() else n
 
 
 def split_states(states: torch.Tensor, layer_ids: list[int], aux_layers: list[int], num_layers: int,

@@ -68,8 +68,7 @@ OWNERS = {name: module for module, names in (
     ("eagle3/draft/config.py", "DEFAULT_TTT_LENGTH DEFAULT_STEP_DECAY"),
     # the trainer's sample interface (the store reader and the online source implement it)
     ("eagle3/train/source.py", "SampleSource"),
-    # where greedy outputs first differ (the lossless verdict; eagle3/extract/vllm_states.py keeps a torch
-    # `_first_difference` of its own for now)
+    # where greedy outputs first differ (the lossless verdict; the vLLM states file's token check)
     ("eagle3/evaluate/lossless.py", "first_difference"),
     # a model folder's tokenizer files (the fingerprint hashes them; the tests' tiny Llamas copy them)
     ("eagle3/target.py", "TOKENIZER_FILES"), ("tests/tiny_llama.py", "save_random_llama"),
@@ -94,7 +93,9 @@ RETIRED = ("sample_id", "_free_port", "_stats_with_table", "_publish_and_say", "
            # the report stage's and the UI tab's own readers of a run's files, before eagle3.report.collect
            "read_acceptance", "_task_results", "_reuse", "_read_json", "dataset_rows", "store_dir",
            # the vllm engine's own version probe and answer error, before eagle3.extract.served
-           "vllm_version", "VLLMAnswerError")
+           "vllm_version", "VLLMAnswerError",
+           # the vLLM states file's own first difference, before eagle3.evaluate.lossless's
+           "_first_difference")
 
 
 @pytest.mark.parametrize("name, owner", sorted(OWNERS.items()))
