@@ -11,8 +11,8 @@ k, averaged over the answer's start positions, as docs/evaluate.md counts a veri
 - oracle copy: every copied token counted correct (the most any copy mechanism could add);
 - draft + prompt lookup (PLD, Saxena 2023; vLLM's `ngram` method): at each chain step, when the last two tokens
   (true ones: teacher-forced) occur in the prompt, propose the token that followed their latest occurrence there,
-  else the draft's token. This is offline arithmetic on the same forward, not a decoder: it says what such a
-  hybrid proposer would be worth before building one.
+  else the draft's token (eagle3.evaluate.lookup). This is offline arithmetic on the same forward; the project
+  decoder runs the same rule for real with `eagle3 evaluate --proposer lookup+draft`.
 
 usage: .venv/bin/python bench/copy_bench.py --draft DRAFT [--model smollm2-135m-instruct] [--limit 20]
        [--max-new-tokens 64] [--steps 3] [--precision float32]
@@ -28,20 +28,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def lookup(prompt: list[int], a: int, b: int) -> int | None:
-    """The token after the latest occurrence of bigram (a, b) in ``prompt``."""
-    for j in range(len(prompt) - 2, 0, -1):
-        if prompt[j - 1] == a and prompt[j] == b:
-            return prompt[j + 1]
-    return None
-
-
 def main() -> None:
     import torch
 
     from eagle3 import target as target_mod
     from eagle3.draft.build import load_target_embedding
     from eagle3.draft.ttt import positions_in_sample, step0_mask
+    from eagle3.evaluate.lookup import prompt_lookup
     from eagle3.evaluate.prompts import encode_prompt, load_prompt_sets
     from eagle3.evaluate.spec_decode import TargetRunner, eos_token_ids, greedy_generate
     from eagle3.export import load_exported_draft, trained_aux_layers
@@ -96,7 +89,7 @@ def main() -> None:
                 cls = "copied" if copied[j] else "generated"
                 stats[cls]["correct"][i] += ok
                 stats[cls]["total"][i] += 1
-                hit = lookup(p_ids, ids[j - 2], ids[j - 1])
+                hit = prompt_lookup(p_ids, ids[j - 2], ids[j - 1])
                 for name, good in (("draft", ok), ("oracle_copy", ok or copied[j]),
                                    ("draft+lookup", (hit == ids[j]) if hit is not None else ok)):
                     alive[name] = alive[name] and good

@@ -183,7 +183,8 @@ eagle3 train --config CFG.json` works too."""),
           choices={"dtype": "eagle3.export:DTYPES"}),
     Stage("evaluate", "speculative decoding benchmark: acceptance length, speed, lossless check", "EvaluateConfig",
           subprocess=True, aliases={"model": ("--target",)}, say="eagle3.evaluate.summary:say",
-          choices={"backend": "eagle3.evaluate.config:BACKENDS", "precision": _PRECISION},
+          choices={"backend": "eagle3.evaluate.config:BACKENDS", "precision": _PRECISION,
+                   "proposer": "eagle3.evaluate.lookup:PROPOSERS"},
           usage="""Benchmark a draft with real speculative decoding against its target.
 
   eagle3 evaluate --target smollm2-135m-instruct --draft DRAFT --prompts humaneval --limit 20 --out EVAL
@@ -195,7 +196,9 @@ speculative output differs from the target's greedy output.
 --backend vllm serves the target twice with vLLM (baseline, then EAGLE-3 with the
 draft) on 127.0.0.1; --backend sglang does the same with SGLang on GPUs.
 --compare-with vllm also runs vLLM on the same prompts and sets both engines' τ and
-per-position acceptance side by side in report.json (`engines`, `agreement`)."""),
+per-position acceptance side by side in report.json (`engines`, `agreement`).
+--proposer lookup+draft (project decoder only) puts a prompt lookup in front of the
+draft at every chain step; report.json's `proposed_by` counts each proposer's tokens."""),
     Stage("publish", "register an evaluated draft and publish it if it beats the best", "PublishConfig",
           say="eagle3.publish:say"),
     Stage("report", "write a DAG run's report (report.json, plots, report.html, run_summary.json)", "ReportConfig",

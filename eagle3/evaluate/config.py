@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from eagle3.devices import check_device, check_precision
 from eagle3.errors import InputError
+from eagle3.evaluate.lookup import PROPOSERS
 
 BACKENDS = ("transformers", "vllm", "sglang")
 COMPARABLE = ("transformers", "vllm")  # backends whose per-prompt acceptance report.json can set side by side
@@ -37,6 +38,10 @@ class EvaluateConfig:
     """Also run these backends (transformers, vllm) on the same prompts and set their τ and per-position
     acceptance beside ``backend``'s in report.json, each with a bootstrap interval, flagging a disagreement
     larger than the prompts allow (e.g. ["vllm"]: the project decoder and vLLM side by side)."""
+    proposer: str = "draft"
+    """transformers only: draft (the EAGLE-3 draft proposes every token) or lookup+draft (a prompt lookup hit,
+    eagle3.evaluate.lookup, replaces the draft's token at a chain step; vLLM serves one method per server, so
+    neither a vLLM nor an SGLang run, nor a comparison with one, can run this proposer)."""
     vllm_enforce_eager: bool = True
     """vllm: start with --enforce-eager (no torch.compile: measured faster to start here, docs/vllm.md)."""
     device: str = "auto"
@@ -75,5 +80,12 @@ class EvaluateConfig:
             raise InputError(f"EvaluateConfig.compare_with={list(self.compare_with)!r}: each entry must be one of "
                              f"{', '.join(COMPARABLE)} other than backend={self.backend!r}, and backend must be "
                              f"one of them too (e.g. --backend transformers --compare-with vllm)")
+        if self.proposer not in PROPOSERS:
+            raise InputError(f"EvaluateConfig.proposer={self.proposer!r} is not one of {', '.join(PROPOSERS)}")
+        if self.proposer != "draft" and (self.backend != "transformers" or self.compare_with):
+            raise InputError(f"EvaluateConfig.proposer={self.proposer!r} runs in the project decoder only "
+                             f"(backend transformers, no compare_with; here backend={self.backend!r}, compare_with="
+                             f"{list(self.compare_with)!r}): vLLM and SGLang serve one speculative method per "
+                             "server. Use --proposer draft to compare engines")
         check_device(self.device, "EvaluateConfig.device")
         check_precision(self.precision, "EvaluateConfig.precision")

@@ -80,6 +80,15 @@ def _prompt_row(set_name: str, prompt, ids: list[int], base, spec, steps: int, t
     return row
 
 
+def proposed_by(steps: list) -> dict:
+    """Draft tokens proposed and accepted per proposer (the prompt lookup's and the draft's) over the rounds."""
+    looked = sum(len(s.looked_up) for s in steps)
+    looked_ok = sum(1 for s in steps for i in s.looked_up if i < s.accepted)
+    drafted, accepted = sum(s.drafted for s in steps), sum(s.accepted for s in steps)
+    return {"lookup": {"proposed": looked, "accepted": looked_ok},
+            "draft": {"proposed": drafted - looked, "accepted": accepted - looked_ok}}
+
+
 def _set_summary(rows: list[dict], steps: list, k: int, precision: str) -> dict:
     """τ, acceptance by position, both throughputs (timed in the same run) and the lossless verdict of one
     prompt set."""
@@ -98,6 +107,7 @@ def _set_summary(rows: list[dict], steps: list, k: int, precision: str) -> dict:
         "num_prompts": len(rows), "generated_tokens": spec_tokens, "verifications": len(steps),
         "lossless_prompts": sum(r["lossless"] for r in rows),
         "lossless_verdict": verdict(rows, precision),
+        "proposed_by": proposed_by(steps),
     }
 
 
@@ -124,10 +134,11 @@ def measure(cfg: EvaluateConfig) -> dict[str, Any]:
              precision.reason)
     eos = eos_token_ids(model, tokenizer)
     encoded = {name: [encode_prompt(tokenizer, p) for p in ps] for name, ps in prompt_sets.items()}
+    lookup = cfg.proposer == "lookup+draft"
     if cfg.warmup:
         first = next(iter(encoded.values()))[0]
         greedy_generate(target, first, 4, eos)
-        speculative_generate(target, draft, first, 4, eos, cfg.steps)
+        speculative_generate(target, draft, first, 4, eos, cfg.steps, lookup)
 
     total = sum(len(p) for p in prompt_sets.values())
     progress = Progress("evaluate", total_samples=total, total_tokens=total * cfg.max_new_tokens)
@@ -137,7 +148,7 @@ def measure(cfg: EvaluateConfig) -> dict[str, Any]:
         set_rows, steps = [], []
         for prompt, ids in zip(prompts, encoded[name]):
             base = greedy_generate(target, ids, cfg.max_new_tokens, eos)
-            spec = speculative_generate(target, draft, ids, cfg.max_new_tokens, eos, cfg.steps)
+            spec = speculative_generate(target, draft, ids, cfg.max_new_tokens, eos, cfg.steps, lookup)
             set_rows.append(_prompt_row(name, prompt, ids, base, spec, cfg.steps, tokenizer, precision.name,
                                         rescore))
             steps += spec.steps
@@ -159,6 +170,7 @@ def measure(cfg: EvaluateConfig) -> dict[str, Any]:
         "sets": sets,
         "set_order": list(sets),
         "steps": cfg.steps,
+        "proposer": cfg.proposer,
         "max_new_tokens": cfg.max_new_tokens,
         "sim_accept_len": offline["sim_accept_len"] if offline else None,
         # The trainer's estimate runs over all TTT steps; truncated to k it is comparable with τ (both ≤ k+1).

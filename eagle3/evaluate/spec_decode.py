@@ -28,6 +28,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from eagle3.evaluate.lookup import prompt_lookup
 from eagle3.target import resolve_aux_layers
 
 
@@ -44,6 +45,8 @@ class StepRecord:
     the output. vLLM's counters count acceptances before that trim too (v1 scheduler: the accepted
     count is taken from the sampled ids, then check_stop cuts them), so on the same output both
     engines report the same per-prompt counts."""
+    looked_up: tuple[int, ...] = ()
+    """Draft positions (0-based) whose token came from the prompt lookup (`proposer: lookup+draft`)."""
 
 
 @dataclasses.dataclass
@@ -215,8 +218,11 @@ def greedy_generate(target: TargetRunner, prompt_ids: Sequence[int], max_new_tok
 
 @torch.no_grad()
 def speculative_generate(target: TargetRunner, draft: DraftStepper, prompt_ids: Sequence[int],
-                         max_new_tokens: int, eos_ids: frozenset[int], steps: int = 3) -> Generation:
-    """Greedy chain speculative decoding with ``steps`` draft tokens per verification."""
+                         max_new_tokens: int, eos_ids: frozenset[int], steps: int = 3,
+                         lookup: bool = False) -> Generation:
+    """Greedy chain speculative decoding with ``steps`` draft tokens per verification. ``lookup``: at each chain
+    step a prompt lookup hit (eagle3.evaluate.lookup) replaces the draft's token, and the draft's chain goes on
+    from the token proposed."""
     if steps < 1:
         raise ValueError(f"steps={steps} must be >= 1 (draft tokens per target verification)")
     start = time.perf_counter()
@@ -232,10 +238,17 @@ def speculative_generate(target: TargetRunner, draft: DraftStepper, prompt_ids: 
     while not stop:
         seen = len(draft)
         token, hidden = draft.extend(pending_ids, pending_aux)
-        drafts = [token]
-        for _ in range(steps - 1):
-            token, hidden = draft.chain(token, hidden)
+        drafts, looked_up = [], []
+        context = [prompt_ids[-1], *out]  # the last two tokens are all the lookup reads
+        for i in range(steps):
+            hit = prompt_lookup(prompt_ids, context[-2], context[-1]) if lookup else None
+            if hit is not None:
+                token = hit
+                looked_up.append(i)
             drafts.append(token)
+            context.append(token)
+            if i < steps - 1:
+                token, hidden = draft.chain(token, hidden)
         draft.truncate(seen + len(pending_ids))  # drop the chain rows
         verified_from = cache.get_seq_length()
         logits, ver_aux = target.forward([root, *drafts], cache, all_logits=True, aux=True)
@@ -246,7 +259,7 @@ def speculative_generate(target: TargetRunner, draft: DraftStepper, prompt_ids: 
             stop = _stop_after(token, len(out), max_new_tokens, eos_ids)
             if stop:
                 break
-        records.append(StepRecord(drafted=steps, accepted=accepted, emitted=accepted + 1))
+        records.append(StepRecord(drafted=steps, accepted=accepted, emitted=accepted + 1, looked_up=tuple(looked_up)))
         # Keep root + accepted drafts in the target cache; the bonus is the next root.
         crop_cache(cache, verified_from + 1 + accepted)
         pending_ids, pending_aux = [*drafts[:accepted], best[accepted]], ver_aux[: accepted + 1]
