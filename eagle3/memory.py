@@ -18,6 +18,11 @@ The per-step activation coefficients were counted with `torch.autograd.graph.sav
 the draft's TTT step on shapes varied one dimension and the length at a time (tests/core/test_memory.py re-counts
 them), so the blockwise attention's O(T) cost is in them: it saves q, k, v, the output and one log-sum-exp per row.
 
+What the allocator keeps is not counted: on the CPU, glibc's dynamic mmap threshold leaves freed tensors in the
+threads' arenas, which identical 4K fp32 training steps measured at 0-0.7 GiB of peak RSS over the prediction
+(bench/train_bench.py ALLOCATOR_ENV measures without it); on CUDA the caching allocator's fragmentation.
+USABLE_SHARE and the OOM retry are the margin.
+
 Extraction: the target's weights (by dtype or quantization, split over tensor x pipeline parallel ranks) plus
 the forward's activations for the token budget (hidden streams, the MLP's inner width, the captured aux/last
 and, for the top-k storage, the [N, V] logits); a served engine (vllm, sglang) also reserves one max_seq_len sample's KV cache.

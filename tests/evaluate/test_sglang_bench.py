@@ -102,7 +102,7 @@ def test_stop_from_another_thread_kills_the_running_server(tmp_path, tiny_llama_
     t = threading.Thread(target=lambda: errors.append(pytest.raises(Exception, bench.run)))
     t.start()
     deadline = time.time() + 20
-    while not argv_log.exists() and time.time() < deadline:
+    while not (argv_log.exists() and argv_log.read_text().endswith("\n")) and time.time() < deadline:
         time.sleep(0.1)
     time.sleep(0.5)
     bench.stop()  # what an operator's on_kill does

@@ -212,7 +212,8 @@ def test_on_kill_while_vllm_starts_stops_the_child_and_the_server(monkeypatch, t
     op = _evaluate_op(tmp_path, tiny_llama_dir, backend="vllm")
     t, failures = _execute_in_thread(op)
     deadline = time.time() + 90
-    while not record.exists() and time.time() < deadline:
+    # the fake creates the file, then writes its line: wait for the whole line (under load the two are apart)
+    while not (record.exists() and record.read_text().endswith("\n")) and time.time() < deadline:
         time.sleep(0.2)
     (started,) = [json.loads(x) for x in record.read_text().splitlines()]
     assert alive(started["pid"])
