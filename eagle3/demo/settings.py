@@ -18,7 +18,7 @@ PARAMS: dict = {
     "epochs": 3,  # what verify's time estimate assumes; the time budget below decides the steps
     "train_time_budget": 150,  # s: steps and LR schedule fixed from the first steps' speed (README "The demo");
     # 150 s (was ~270 s of training) pays for regenerating chat and instructions within the 15 minutes
-    "draft_variant": "eagle3",  # eagle3 | eagle3.1 (docs/draft.md "EAGLE 3.1")
+    "draft_variant": "eagle3",  # eagle3 | eagle3.1: eagle3 won the demo's paired comparison (README "vLLM")
     "lr": 2e-3,
     "extract_token_budget": 1024,
     "train_token_budget": 1024,
