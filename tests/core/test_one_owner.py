@@ -70,6 +70,8 @@ OWNERS = {name: module for module, names in (
     ("eagle3/train/source.py", "SampleSource"),
     # where greedy outputs first differ (the lossless verdict; the vLLM states file's token check)
     ("eagle3/evaluate/lossless.py", "first_difference"),
+    # the prompt-lookup rule (the decoder's lookup+draft proposer and the copy bench's simulation)
+    ("eagle3/evaluate/lookup.py", "prompt_lookup PROPOSERS"),
     # a model folder's tokenizer files (the fingerprint hashes them; the tests' tiny Llamas copy them)
     ("eagle3/target.py", "TOKENIZER_FILES"), ("tests/tiny_llama.py", "save_random_llama"),
     # the argv of an `eagle3 <stage>` child (operators) and the benches' way of running one
