@@ -239,14 +239,14 @@ def speculative_generate(target: TargetRunner, draft: DraftStepper, prompt_ids: 
         seen = len(draft)
         token, hidden = draft.extend(pending_ids, pending_aux)
         drafts, looked_up = [], []
-        context = [prompt_ids[-1], *out]  # the last two tokens are all the lookup reads
+        before, last = (out[-2] if len(out) > 1 else prompt_ids[-1]), out[-1]  # the lookup reads two tokens
         for i in range(steps):
-            hit = prompt_lookup(prompt_ids, context[-2], context[-1]) if lookup else None
+            hit = prompt_lookup(prompt_ids, before, last) if lookup else None
             if hit is not None:
                 token = hit
                 looked_up.append(i)
             drafts.append(token)
-            context.append(token)
+            before, last = last, token
             if i < steps - 1:
                 token, hidden = draft.chain(token, hidden)
         draft.truncate(seen + len(pending_ids))  # drop the chain rows
