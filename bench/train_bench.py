@@ -23,6 +23,11 @@ offline one: the target (--model, default the bundled SmolLM2) runs its forward 
 through OnlineSource.get_many (capture, encode/decode of --storage-option, collate), then the same draft step.
 Its counted FLOPs add the target forward, 2 x (non-embedding target parameters) per token.
 
+--answer-share F puts the loss on the last F of each row only (a prompt, then its answer, as chat data is) and runs
+each precision twice side by side: every position (soft labels and TTT steps everywhere: the trainer before
+2026-12-03), then the trainer's way (soft labels only where a loss reads them, TTT steps 1.. only where a loss
+needs them: eagle3/draft/ttt.py "Sparse steps"); it prints the ratio of their CPU time per step.
+
 --seq-lens L1,L2,... is the long-context mode (docs/train.md "Long context"): one row of each length, each
 (precision, attention, length) in its own child process, so the peak RSS (os.wait4's rusage of that child)
 is per length. --attention picks the TTT attention (eagle3/draft/attention.py blockwise, the dense [T, T]
@@ -42,6 +47,7 @@ usage: .venv/bin/python bench/train_bench.py [--precisions float32,bfloat16] [--
        .venv/bin/python bench/train_bench.py --seq-lens 2048,8192 [--attention blockwise,dense]
        [--precisions bfloat16] [--iters 1] [--no-warmup] [--checkpoint-steps]
        .venv/bin/python bench/train_bench.py --rows 1 --seq-len 1024 --threads 2 --iters 2 --peer [PYTHON]
+       .venv/bin/python bench/train_bench.py --rows 4 --seq-len 256 --ttt-length 3 --vd 2048 --answer-share 0.45
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ import torch  # noqa: E402
 
 from eagle3.devices import best_peak, check_precision, is_slow_path, mm_peaks, resolve_precision  # noqa: E402
 from eagle3.draft import DraftConfig, Eagle3Draft  # noqa: E402
-from eagle3.draft.ttt import target_from_last, ttt_forward  # noqa: E402
+from eagle3.draft.ttt import label_rows, target_from_last, ttt_forward  # noqa: E402
 
 H, I, HEADS, KV, V = 576, 1536, 9, 3, 49152
 
@@ -134,16 +140,20 @@ def online_source(model: str, storage_option: str, precision: str, dev: str, row
 
 
 def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters: int, source=None,
-                  attention: str = "blockwise") -> dict:
+                  attention: str = "blockwise", answer_share: float = 0.0, labels_where_read: bool = False) -> dict:
     """One precision's timed optimizer steps: {tokens_per_s, step_wall_s, step_cpu_s, counted GFLOP/s}.
 
-    With ``source`` (online_source()), each step first computes its batch with the target."""
+    With ``source`` (online_source()), each step first computes its batch with the target. ``answer_share`` > 0:
+    the loss is on the last share of each row only (a prompt, then its answer); ``labels_where_read``: the
+    trainer's way, soft labels only where a loss reads them and sparse TTT steps, else every position."""
     from eagle3.train.data import collate
 
     draft, head, opt = build(args.vd, dev)
     b, t = rows, seq_len
     batch = {"input_ids": torch.randint(0, V, (b, t), device=dev), "aux": torch.randn(b, t, 3 * H, device=dev),
              "last": torch.randn(b, t, H, device=dev), "loss_mask": torch.ones(b, t, dtype=torch.long, device=dev)}
+    if answer_share:
+        batch["loss_mask"][:, : t - max(1, round(answer_share * t))] = 0
     device_type = torch.device(dev).type
 
     def step() -> None:
@@ -152,10 +162,11 @@ def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters
             batch = collate(source[0], source[1], dev)
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
             with torch.no_grad():
-                logits, in_draft = target_from_last(batch["last"], head, draft.d2t, draft.t2d)
+                logits, in_draft = target_from_last(batch["last"], head, draft.d2t, draft.t2d,
+                                                    rows=label_rows(batch["loss_mask"]) if labels_where_read else None)
             res = ttt_forward(draft, batch["input_ids"], batch["aux"], logits, torch.ones_like(in_draft),
                               batch["loss_mask"], ttt_length=args.ttt_length, attention=attention,
-                              checkpoint_steps=args.checkpoint_steps)
+                              checkpoint_steps=args.checkpoint_steps, sparse=None if labels_where_read else False)
         opt.zero_grad(set_to_none=True)
         res.loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
@@ -167,6 +178,7 @@ def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters
     target = 2 * source[0].capture.params() if source is not None else 0
     counted = (f["draft_train"] + f["target_head"] + target) * tokens
     return {"precision": precision, "mode": "online" if source is not None else "offline", "attention": attention,
+            "answer_share": answer_share, "labels_where_read": labels_where_read,
             "checkpoint_steps": args.checkpoint_steps,
             "target_gflop_per_token": round(target / 1e9, 4),
             "rows": b, "seq_len": t, "iters": iters, "step_wall_s": round(sec, 3),
@@ -267,6 +279,9 @@ def main() -> None:
                     help="also run the peer core (bench/peer_bench.py, speculators 0.9.0) with this python, "
                          "alternating with our step in fresh processes, same shape; needs --rows 1")
     ap.add_argument("--peer-rounds", type=int, default=2, help="--peer: (ours, peer) process pairs per precision")
+    ap.add_argument("--answer-share", type=float, default=0.0,
+                    help="loss on the last share of each row only; each precision then runs twice side by side: "
+                         "every position (the trainer before 2026-12-03), and labels where read + sparse TTT steps")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # PRECISION:ATTENTION:LENGTH, from --seq-lens
     args = ap.parse_args()
     dev = args.device
@@ -287,6 +302,11 @@ def main() -> None:
     for p in precisions:
         slow = is_slow_path(before, p, cpu_time=on_cpu)
         rows, seq_len, iters = (1, max(16, args.seq_len // 8), 1) if slow else (args.rows, args.seq_len, args.iters)
+        if args.answer_share:
+            for where_read in (False, True):
+                runs.append({**run_precision(p, args, dev, rows, seq_len, iters, answer_share=args.answer_share,
+                                             labels_where_read=where_read), "reduced_shape": slow})
+            continue
         runs.append({**run_precision(p, args, dev, rows, seq_len, iters), "reduced_shape": slow})
         if args.online:
             src = online_source(args.model, args.storage_option, p, dev, rows, seq_len)
@@ -340,6 +360,14 @@ def main() -> None:
               f"{r['counted_gflops_cpu' if on_cpu else 'counted_gflops_wall']:.1f} GFLOP/s = "
               f"{100 * r['fraction_of_best_peak']:.0f}% of the best peak ({best.dtype}), "
               f"{100 * r['fraction_of_own_peak']:.0f}% of its own dtype's (goal >= 50% of the best)")
+    if args.answer_share:
+        for p in precisions:
+            every, where = (next(r for r in runs if r["precision"] == p and r["labels_where_read"] == w)
+                            for w in (False, True))
+            print(f"answer share {args.answer_share:.2f}, {p}: labels where read + sparse steps "
+                  f"{where['tokens_per_s']:,.0f} tok/s vs every position {every['tokens_per_s']:,.0f} = "
+                  f"{every['step_cpu_s'] / where['step_cpu_s']:.2f}x by CPU time (the counted FLOPs above are every "
+                  f"position's, so the sparse run's fraction is an equivalent, not what ran)")
     for p, sm in peers.items():
         for who in ("ours", "peer"):
             x = sm[who]

@@ -51,13 +51,15 @@ def window_starts(starts: torch.Tensor, window: int) -> torch.Tensor:
 @torch.compiler.disable  # the block plan is host code over the data (`tolist`); compiled callers run it eagerly
 def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, starts: torch.Tensor,
                   diag_keys=(), diag_values=(), block: int | None = None, q_offset: int = 0,
-                  kernel: str = "auto") -> torch.Tensor:
+                  kernel: str = "auto", q_pos: torch.Tensor | None = None) -> torch.Tensor:
     """Step-0 keys causal within the sample plus diagonal-only later keys; [B,nh,Tq,hd] in q's dtype.
 
     q [B,nh,Tq,hd]; k0/v0 [B,nkv,T,hd] (nh a multiple of nkv); starts [B,Tq] int
     (`sample_starts`: key index where each query row's sample begins); each diag key/value
     [B,nkv,Tq,hd] pairs only with its own row. Query row r sits at key position r + ``q_offset``
-    (a sequence-parallel rank's slice of the rows, eagle3/draft/sequence.py; 0: Tq = T).
+    (a sequence-parallel rank's slice of the rows, eagle3/draft/sequence.py; 0: Tq = T), or at ``q_pos`` [B,Tq]
+    (non-decreasing along each row: the positions a TTT step gathered, eagle3/draft/ttt.py "Sparse steps";
+    blocks kernel only).
     ``kernel``: "blocks" (this module's), "flash" (eagle3/draft/flash.py: torch's CPU flash kernel per
     packed sample; CPU, q_offset 0 and sample starts only) or "auto": flash where it applies and no
     ``block`` is given, else blocks.
@@ -66,41 +68,50 @@ def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, starts: t
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if len(diag_keys) != len(diag_values):
         raise ValueError(f"{len(diag_keys)} diagonal keys but {len(diag_values)} values")
-    if q_offset < 0 or q_offset + q.shape[2] > k0.shape[2]:
+    if q_pos is None and (q_offset < 0 or q_offset + q.shape[2] > k0.shape[2]):
         raise ValueError(f"query rows {q_offset}..{q_offset + q.shape[2]} outside the {k0.shape[2]} keys")
-    if kernel == "flash" or (kernel == "auto" and block is None):
+    if q_pos is not None:
+        if q_offset or kernel == "flash" or tuple(q_pos.shape) != (q.shape[0], q.shape[2]):
+            raise ValueError(f"q_pos must be [B, Tq] = {(q.shape[0], q.shape[2])}, with q_offset 0 and the blocks "
+                             f"kernel (got {tuple(q_pos.shape)}, {q_offset}, {kernel})")
+    elif kernel == "flash" or (kernel == "auto" and block is None):
         segs = segments(starts) if q.device.type == "cpu" and q_offset == 0 else None
         if segs is not None:
             return flash_ttt_attention(q, k0, v0, segs, diag_keys, diag_values)
         if kernel == "flash":
             raise ValueError("the flash kernel needs the CPU, q_offset 0 and sample starts (no sliding window)")
     block = block or DEFAULT_BLOCK
-    return _TTTAttention.apply(q, k0, v0, starts, block, q_offset, len(diag_keys), *diag_keys, *diag_values)
+    if q_pos is None:
+        q_pos = (torch.arange(q.shape[2], device=q.device) + q_offset).expand(q.shape[0], -1)
+    return _TTTAttention.apply(q, k0, v0, starts, block, q_pos, len(diag_keys), *diag_keys, *diag_values)
 
 
-def _plan(starts: torch.Tensor, block: int, q_offset: int = 0) -> list[tuple[int, int, list[tuple[int, int, bool]]]]:
+def _plan(starts: torch.Tensor, block: int, q_pos: torch.Tensor) -> list[tuple[int, int, list[tuple[int, int, bool]]]]:
     """Per query block (r0, r1, [(c0, c1, needs_mask)]): the key blocks any of its rows may see (rows are
-    local, keys global: row r is at key position r + q_offset)."""
+    local, keys global: row r of batch row b is at key position q_pos[b, r])."""
     b, t = starts.shape
     nb = -(-t // block)
     pad = nb * block - t
-    lo = F.pad(starts, (0, pad), value=t + q_offset).view(b, nb, block).amin(dim=(0, 2))
+    far = int(q_pos.max()) + 1 if q_pos.numel() else 0
+    lo = F.pad(starts, (0, pad), value=far).view(b, nb, block).amin(dim=(0, 2))
     hi = F.pad(starts, (0, pad), value=0).view(b, nb, block).amax(dim=(0, 2))
+    q_lo = F.pad(q_pos, (0, pad), value=far).view(b, nb, block).amin(dim=(0, 2))
+    q_hi = F.pad(q_pos, (0, pad), value=-1).view(b, nb, block).amax(dim=(0, 2))
     plan = []
-    for qi, (lo_i, hi_i) in enumerate(torch.stack([lo, hi]).T.tolist()):
+    for qi, (lo_i, hi_i, g0, g_max) in enumerate(torch.stack([lo, hi, q_lo, q_hi]).T.tolist()):
         r0, r1 = qi * block, min(t, (qi + 1) * block)
-        g0, g1 = r0 + q_offset, r1 + q_offset
+        g1 = g_max + 1
         keys = [(c0, min(c0 + block, g1)) for c0 in range(lo_i, g1, block)]
         # A block needs a mask if a key lies after some row (the diagonal) or before some row's start.
         plan.append((r0, r1, [(c0, c1, c1 - 1 > g0 or c0 < hi_i) for c0, c1 in keys]))
     return plan
 
 
-def _blocked(starts: torch.Tensor, r0: int, r1: int, c0: int, c1: int, q_offset: int = 0) -> torch.Tensor:
-    """[B,1,1,rows,keys] True where row r may NOT attend key c (c > r, or c before the row's sample start)."""
-    rows = torch.arange(r0, r1, device=starts.device)[:, None] + q_offset
-    cols = torch.arange(c0, c1, device=starts.device)[None, :]
-    return ((cols > rows)[None] | (cols[None] < starts[:, r0:r1, None]))[:, None, None]
+def _blocked(starts: torch.Tensor, q_pos: torch.Tensor, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+    """[B,1,1,rows,keys] True where row r may NOT attend key c (c after the row's position, or before its
+    sample start)."""
+    cols = torch.arange(c0, c1, device=starts.device)[None, None, :]
+    return ((cols > q_pos[:, r0:r1, None]) | (cols < starts[:, r0:r1, None]))[:, None, None]
 
 
 def _rows(x5: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
@@ -109,10 +120,10 @@ def _rows(x5: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
 
 
 class _TTTAttention(torch.autograd.Function):
-    """Inputs (q, k0, v0, starts, block, q_offset, n, *diag_keys[n], *diag_values[n]); see `ttt_attention`."""
+    """Inputs (q, k0, v0, starts, block, q_pos, n, *diag_keys[n], *diag_values[n]); see `ttt_attention`."""
 
     @staticmethod
-    def forward(ctx, q, k0, v0, starts, block, q_offset, n_diag, *diag):
+    def forward(ctx, q, k0, v0, starts, block, q_pos, n_diag, *diag):
         b, nh, t, hd = q.shape
         nkv = k0.shape[1]
         g, scale = nh // nkv, hd ** -0.5
@@ -121,7 +132,7 @@ class _TTTAttention(torch.autograd.Function):
         q5, o5 = q.view(b, nkv, g, t, hd), out.view(b, nkv, g, t, hd)
         d_k, d_v = diag[:n_diag], diag[n_diag:]
         with torch.autocast(q.device.type, enabled=False):  # fp32 math under bf16 autocast too
-            for r0, r1, keys in _plan(starts, block, q_offset):
+            for r0, r1, keys in _plan(starts, block, q_pos):
                 n = r1 - r0
                 qb = _rows(q5, r0, r1) * scale  # [B,nkv,g,n,hd]
                 if n_diag:
@@ -137,7 +148,7 @@ class _TTTAttention(torch.autograd.Function):
                 for c0, c1, masked in keys:
                     s = (q2 @ k0[:, :, c0:c1].float().transpose(-1, -2)).view(b, nkv, g, n, c1 - c0)
                     if masked:
-                        s.masked_fill_(_blocked(starts, r0, r1, c0, c1, q_offset), float("-inf"))
+                        s.masked_fill_(_blocked(starts, q_pos, r0, r1, c0, c1), float("-inf"))
                     m_new = torch.maximum(m, s.amax(-1))
                     # A row all masked so far has m_new = -inf; a 0 base keeps exp() at 0 instead of nan.
                     base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -149,13 +160,13 @@ class _TTTAttention(torch.autograd.Function):
                     m = m_new
                 o5[:, :, :, r0:r1] = (acc / l[..., None]).to(out.dtype)
                 lse[..., r0:r1] = m + torch.log(l)
-        ctx.save_for_backward(q, k0, v0, starts, out, lse, *diag)
-        ctx.block, ctx.q_offset, ctx.n_diag = block, q_offset, n_diag
+        ctx.save_for_backward(q, k0, v0, starts, q_pos, out, lse, *diag)
+        ctx.block, ctx.n_diag = block, n_diag
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        q, k0, v0, starts, out, lse, *diag = ctx.saved_tensors
+        q, k0, v0, starts, q_pos, out, lse, *diag = ctx.saved_tensors
         n_diag = ctx.n_diag
         d_k, d_v = diag[:n_diag], diag[n_diag:]
         b, nh, t, hd = q.shape
@@ -169,7 +180,7 @@ class _TTTAttention(torch.autograd.Function):
         dv0 = torch.zeros(v0.shape, dtype=torch.float32, device=v0.device)
         ddk, ddv = [torch.empty_like(k) for k in d_k], [torch.empty_like(v) for v in d_v]
         with torch.autocast(q.device.type, enabled=False):
-            for r0, r1, keys in _plan(starts, ctx.block, ctx.q_offset):
+            for r0, r1, keys in _plan(starts, ctx.block, q_pos):
                 n = r1 - r0
                 qb = _rows(q5, r0, r1) * scale
                 dob = _rows(do5, r0, r1)
@@ -189,7 +200,7 @@ class _TTTAttention(torch.autograd.Function):
                     kb, vb = k0[:, :, c0:c1].float(), v0[:, :, c0:c1].float()
                     s = (q2 @ kb.transpose(-1, -2)).view(b, nkv, g, n, c1 - c0)
                     if masked:
-                        s.masked_fill_(_blocked(starts, r0, r1, c0, c1, ctx.q_offset), float("-inf"))
+                        s.masked_fill_(_blocked(starts, q_pos, r0, r1, c0, c1), float("-inf"))
                     p = s.sub_(lse_b[..., None]).exp_()
                     dp = (do2 @ vb.transpose(-1, -2)).view(b, nkv, g, n, c1 - c0)
                     ds = dp.sub_(big_d[..., None]).mul_(p).view(b, nkv, g * n, c1 - c0)

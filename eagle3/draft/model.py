@@ -301,7 +301,7 @@ class Eagle3Draft(nn.Module):
 
     def ttt_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                  history: list[tuple[torch.Tensor, torch.Tensor]], mask0: torch.Tensor | None = None,
-                 *, starts: torch.Tensor | None = None, shard=None,
+                 *, starts: torch.Tensor | None = None, shard=None, q_pos: torch.Tensor | None = None,
                  logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """One TTT step over whole sequences (see eagle3/draft/ttt.py).
 
@@ -311,7 +311,9 @@ class Eagle3Draft(nn.Module):
         ``starts`` [B,T] (`attention.sample_starts`: the blockwise attention,
         O(T) memory) or ``mask0`` [B,1,T,T] (`ttt.step0_mask`: the dense
         reference, O(T^2)). ``shard`` (eagle3/draft/sequence.py, blockwise only): the rows
-        are this rank's slice; step 0's keys are gathered from every rank into ``history``.
+        are this rank's slice; step 0's keys are gathered from every rank into ``history``. ``q_pos``
+        [B,N] (blockwise, a later step): the rows are the positions q_pos of step 0's keys, gathered
+        (eagle3/draft/ttt.py "Sparse steps"); ``starts`` and the diagonal keys are then per gathered row.
         Returns (logits [B,T,Vd], the next step's hidden [B,T,H]: see `head`); with ``logits=False``, what
         the lm_head would read instead of the logits (`head_input`: the fused loss of eagle3/draft/loss.py).
         """
@@ -333,6 +335,7 @@ class Eagle3Draft(nn.Module):
             attn = attn_mod.attend(q, k0, v0, mask0, later_k, later_v)
         else:
             attn = attn_mod.project_out(ttt_attention(q, k0, v0, starts, later_k, later_v,
-                                                      q_offset=shard.start if shard is not None else 0))
+                                                      q_offset=shard.start if shard is not None else 0,
+                                                      q_pos=q_pos))
         out = layer.finish(hidden, attn)
         return self.head(out) if logits else self.head_input(out)

@@ -19,6 +19,12 @@ plus the keys of steps 1..i at t only (the diagonal). That is what decoding
 sees: a cache of prefix positions plus the chain of the draft's own tokens.
 It runs blockwise by default (eagle3/draft/attention.py: no T x T tensor);
 ``attention="dense"`` keeps the [B,1,T,T]-mask reference for tests.
+
+Sparse steps: step i >= 1 at t matters only if some step j >= i has a loss at t (a chain never leaves its
+position). Where those positions are at most `SPARSE_SHARE` of a row (prompts, system turns, tool output,
+long documents carry no loss), steps 1.. run on them alone, gathered per row: step 0 still runs everywhere
+(every later query attends its keys). The loss and gradients are those of the full computation up to float
+rounding (tests/draft/test_ttt.py).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from eagle3.acceptance import simulated_acceptance_length as sim_accept_len  # one definition
@@ -39,12 +46,15 @@ from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.sequence import SeqShard, single
 
 ATTENTIONS = ("blockwise", "dense")  # eagle3/draft/attention.py (O(T) memory), or the T x T reference
+SPARSE_SHARE = 0.75
+"""Steps 1.. run gathered (module docstring) when the positions they need are at most this share of a row;
+above it the gathers and the blockwise kernel cost more than the rows they skip."""
 
 
 def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
                      norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
                      chunk: int = 1024, known_in_draft: torch.Tensor | None = None,
-                     fast: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     fast: bool | None = None, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss's target inputs from the store's `last` states.
 
     last [.., H] is the final-norm hidden (pass ``norm_weight`` only if it is
@@ -59,12 +69,24 @@ def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torc
     sample after the first epoch) skips that product, V/Vd times the work. Where it runs, it runs in bf16
     certified in fp32 (`argmax.in_draft_mask`) if ``fast`` (default: the caller runs under bf16 autocast,
     i.e. the compute precision is bf16), else in fp32.
+
+    ``rows`` [..] bool (`label_rows`): the positions whose labels a loss reads; the others get zero logits and
+    False, and cost nothing (the full-vocab product is the larger part of a first epoch's step in fp32).
     """
     dev = last.device.type
     if fast is None:
         fast = torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.bfloat16
     draft_ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t
     flat = last.reshape(-1, last.shape[-1])
+    if rows is not None:  # the rows a loss reads, gathered; scattered back into zeros / False at the end
+        picked = rows.reshape(-1).nonzero().squeeze(1)
+        known = None if known_in_draft is None else known_in_draft.reshape(-1)[picked]
+        logits_p, mask_p = target_from_last(flat[picked], lm_head_weight, d2t, t2d, norm_weight, eps, chunk,
+                                            known, fast)
+        logits = flat.new_zeros(flat.shape[0], d2t.shape[0], dtype=logits_p.dtype)
+        mask = torch.zeros(flat.shape[0], dtype=torch.bool, device=flat.device)
+        logits[picked], mask[picked] = logits_p, mask_p
+        return logits.reshape(*last.shape[:-1], -1), mask.reshape(last.shape[:-1])
     w = lm_head_weight.float()
     w_d = w[draft_ids]
     logits_d, normed = [], []
@@ -88,6 +110,14 @@ def target_from_last(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torc
     return (torch.cat(logits_d).reshape(*shape, -1) if logits_d else last.new_zeros(*shape, d2t.shape[0]), mask)
 
 
+
+
+def label_rows(loss_mask: torch.Tensor) -> torch.Tensor:
+    """[B,T] bool: the positions j whose soft label some TTT step reads. Step i at t reads the label at
+    j = t+1+i only where loss_mask[t+2+i], i.e. j is read iff loss_mask[j+1] (the alignment above)."""
+    out = torch.zeros_like(loss_mask, dtype=torch.bool)
+    out[:, :-1] = loss_mask[:, 1:].bool()
+    return out
 
 
 @dataclass
@@ -145,6 +175,22 @@ def step0_mask(segment_ids: torch.Tensor, window: int = 0) -> torch.Tensor:
     return (causal[None] & same)[:, None]
 
 
+def _sparse_rows(later: list, rows: int, share: float):
+    """(idx [B,N], real [B,N], batch index [B,1]): per row, the positions some step of ``later`` (the
+    (mask, valid) of steps 1..) has a loss at, in order, padded with the row's last one (q_pos stays
+    non-decreasing; padding is masked out); None when N > ``share`` x rows."""
+    need = torch.zeros(later[0][0].shape[0], rows, dtype=torch.bool, device=later[0][0].device)
+    for mask, valid in later:
+        need[:, :valid] |= mask
+    n = max(int(need.sum(1).max()), 1)
+    if n > share * rows:
+        return None
+    order = torch.argsort((~need).to(torch.int8), dim=1, stable=True)[:, :n]  # needed positions first, in order
+    real = need.gather(1, order)
+    last = torch.where(real, order, -1).amax(1, keepdim=True).clamp(min=0)
+    return torch.where(real, order, last), real, torch.arange(need.shape[0], device=need.device)[:, None]
+
+
 def _step(draft: Eagle3Draft, ids, positions, step0: dict, probs, top, mask, valid: int, hidden, *history):
     """One TTT step and its summed soft CE: (step_sum, correct, next hidden, k, v).
 
@@ -163,7 +209,8 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
                 loss_mask: torch.Tensor, segment_ids: torch.Tensor | None = None,
                 ttt_length: int = DEFAULT_TTT_LENGTH, step_decay: float = DEFAULT_STEP_DECAY,
                 normalizer: torch.Tensor | None = None, attention: str = "blockwise",
-                checkpoint_steps: bool = False, shard: SeqShard | None = None) -> TTTResult:
+                checkpoint_steps: bool = False, shard: SeqShard | None = None,
+                sparse: bool | None = None) -> TTTResult:
     """Run ``ttt_length`` TTT steps and return the loss and per-step counts.
 
     All inputs are unshifted, per target position j, [B,T,...]:
@@ -188,6 +235,8 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
     every other input is either the whole row or just ``shard.window(ttt_length)``.
     The result holds this rank's rows' share; summed over the ranks (loss, counts,
     gradients) it is the single-process result.
+    ``sparse``: run steps 1.. on the positions a loss needs (module docstring): None decides by
+    `SPARSE_SHARE` (blockwise, one process, not under torch.compile), False never, True whenever it can.
     """
     if ttt_length < 1:
         raise ValueError(f"ttt_length must be >= 1, got {ttt_length}")
@@ -229,15 +278,32 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
     history: list = []  # k0, v0, k1, v1, ...: flat, so a checkpointed step takes them as tensor arguments
     total = hidden.new_zeros(())
     sums, correct, counts = [], [], []
+    masks = []
     for i in range(ttt_length):
         same_sample = (_shift(segs, 2 + i, -1) == segs) & (segs != 0)
         mask = _shift(loss_mask, 2 + i, False) & _shift(in_draft, 1 + i, False) & same_sample
         # Positions t >= width-1-i have no target (the mask is 0 there), so the loss
         # is taken on the first `valid` rows against the target at t+1+i: slices, no copies.
         valid = min(rows, max(width - 1 - i - lo, 0))
-        mask = mask[:, :valid]
-        step = partial(_step, draft, _shift(input_ids, 1 + i, 0)[:, :rows], pos[:, :rows] + i, step0,
-                       target_probs[:, 1 + i:1 + i + valid], target_top[:, 1 + i:1 + i + valid], mask, valid)
+        masks.append((mask[:, :valid], valid))
+    picked = None
+    if sparse is not False and ttt_length > 1 and attention == "blockwise" and shard.world == 1 \
+            and not torch.compiler.is_compiling():
+        picked = _sparse_rows(masks[1:], rows, 1.0 if sparse else SPARSE_SHARE)
+    for i in range(ttt_length):
+        mask, valid = masks[i]
+        if i >= 1 and picked is not None:
+            idx, real, bi = picked
+            if i == 1:  # from here on every tensor is per gathered row
+                hidden = hidden[bi, idx]
+                gathered0 = {"starts": step0["starts"][bi, idx], "q_pos": idx}
+            label = (idx + 1 + i).clamp(max=target_probs.shape[1] - 1)
+            mask = F.pad(mask, (0, rows - valid))[bi, idx] & real
+            step = partial(_step, draft, _shift(input_ids, 1 + i, 0)[bi, idx], (pos + i)[bi, idx], gathered0,
+                           target_probs[bi, label], target_top[bi, label], mask, idx.shape[1])
+        else:
+            step = partial(_step, draft, _shift(input_ids, 1 + i, 0)[:, :rows], pos[:, :rows] + i, step0,
+                           target_probs[:, 1 + i:1 + i + valid], target_top[:, 1 + i:1 + i + valid], mask, valid)
         if checkpoint_steps:
             step_sum, step_correct, hidden, k, v = checkpoint(step, hidden, *history, use_reentrant=False)
         else:

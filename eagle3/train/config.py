@@ -119,6 +119,10 @@ class TrainConfig:
     evaluations' no-grad graph). Measured 1.6x (fp32) to 1.9x (bf16) per step on 2 CPU cores at T=1024, TTT 7
     (bench/peer_bench.py --compile); the first steps pay the compile (about 50 s of CPU here), which a time budget
     counts. Needs a C++ compiler on CPU."""
+    sparse_steps: bool = True
+    """TTT steps 1.. only at the positions a loss needs (prompts, system turns and tool output carry none),
+    where those are at most eagle3.draft.ttt.SPARSE_SHARE of a row: the same loss and gradients up to float
+    rounding, fewer FLOPs (docs/train.md "Sparse steps"). False runs every step everywhere (for measuring)."""
     checkpoint_ttt_steps: bool = False
     """Activation checkpointing per TTT step: backward runs each step's forward again instead of keeping its
     activations (the same loss and gradients). For long samples: at T=8192, TTT 7, bf16 on 2 CPU cores it cut the

@@ -131,7 +131,8 @@ class Trainer:
             with torch.set_grad_enabled(grad):
                 res = objective.ttt_sums(self.model, batch, target_logits, in_draft, denominators.to(self.device),
                                          self.cfg.ttt_length, compiled=self.cfg.compile,
-                                         checkpoint_steps=self.cfg.checkpoint_ttt_steps, shard=shard)
+                                         checkpoint_steps=self.cfg.checkpoint_ttt_steps, shard=shard,
+                                         sparse=self.cfg.sparse_steps)
         if grad:
             res.loss.backward()
         return res

@@ -44,10 +44,11 @@ def targets(batch: dict, lm_head: torch.Tensor, d2t: torch.Tensor, t2d: torch.Te
     + ``topk_logprobs`` (fp8-topk store) become logits that are the top-K
     log-probs at their draft ids and very negative elsewhere. ``known_in_draft``
     [B,T]: the in-draft mask of these samples from an earlier epoch (`InDraftCache`),
-    which spares the full-vocab head.
+    which spares the full-vocab head. Only the positions a loss reads are computed (`ttt.label_rows`).
     """
     if "last" in batch:
-        return ttt.target_from_last(batch["last"], lm_head, d2t, t2d, known_in_draft=known_in_draft)
+        return ttt.target_from_last(batch["last"], lm_head, d2t, t2d, known_in_draft=known_in_draft,
+                                    rows=ttt.label_rows(batch["loss_mask"]))
     ids, logp = batch["topk_ids"].long(), batch["topk_logprobs"].float()
     draft_index = torch.full((t2d.shape[0],), -1, dtype=torch.long, device=ids.device)
     draft_index[torch.arange(d2t.shape[0], device=ids.device) + d2t] = torch.arange(d2t.shape[0], device=ids.device)
@@ -107,9 +108,10 @@ def shard_window(batch: dict, shard, ttt_length: int) -> dict:
 
 def ttt_sums(draft, batch: dict, target_logits: torch.Tensor, in_draft: torch.Tensor,
              denominators: torch.Tensor, ttt_length: int, compiled: bool = False,
-             checkpoint_steps: bool = False, shard=None) -> ttt.TTTResult:
+             checkpoint_steps: bool = False, shard=None, sparse: bool = True) -> ttt.TTTResult:
     """TTT over one collated micro-batch with the loss divided by the global ``denominators``; with ``shard``,
     this process's positions of it (eagle3/draft/sequence.py)."""
     return ttt_function(compiled)(draft, batch["input_ids"], batch["aux"], target_logits, in_draft,
                                   batch["loss_mask"], batch["attention_mask"].long(), ttt_length=ttt_length,
-                                  normalizer=denominators, checkpoint_steps=checkpoint_steps, shard=shard)
+                                  normalizer=denominators, checkpoint_steps=checkpoint_steps, shard=shard,
+                                  sparse=None if sparse else False)

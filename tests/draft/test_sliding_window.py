@@ -56,7 +56,7 @@ def test_blockwise_window_matches_a_dense_masked_reference(window, steps):
 
 def test_window_skips_key_blocks_before_every_rows_window():
     starts = window_starts(torch.zeros(1, 64, dtype=torch.long), 8)
-    plan = attention._plan(starts, 8)
+    plan = attention._plan(starts, 8, torch.arange(64)[None])
     assert all(len(keys) <= 2 for _, _, keys in plan)  # the row's own block and the one before, not all
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle3.draft.ttt import sim_accept_len, target_from_last, ttt_forward
+from eagle3.draft.ttt import label_rows, sim_accept_len, target_from_last, ttt_forward
 from tests.draft.tiny import make_tiny_draft, tiny_batch
 
 M = 7  # the one position whose loss_mask is 1 in the alignment tests
@@ -128,6 +128,47 @@ def test_target_from_last_matches_full_logits():
     torch.testing.assert_close(logits_d, full[..., draft_ids])
     assert torch.equal(in_draft, model.t2d[full.argmax(-1)])
     assert in_draft.any() and not in_draft.all()
+
+
+def test_label_rows_is_the_loss_mask_one_position_earlier():
+    """Hand-computed: step i at t reads the label at t+1+i where loss_mask[t+2+i], so label j is read iff
+    loss_mask[j+1]; the last position's label is never read."""
+    lm = torch.tensor([[0, 0, 1, 1, 0, 1], [1, 0, 0, 0, 0, 0]], dtype=torch.uint8)
+    assert label_rows(lm).tolist() == [[False, True, True, False, True, False], [False] * 6]
+
+
+def test_labels_only_where_read_change_no_loss_or_gradient():
+    """Labels computed on the rows a loss reads (the trainer's way) against all rows (the definition): the
+    same logits and mask there, and the same TTT loss, counts and gradients, with prompt-only stretches."""
+    torch.manual_seed(0)
+    model = make_tiny_draft()
+    t = 14
+    batch = tiny_batch(model.config, b=2, t=t)
+    lm = torch.zeros(2, t, dtype=torch.uint8)
+    lm[0, 5:9], lm[0, 12:], lm[1, 3:6] = 1, 1, 1  # answers after prompts, a second turn, padding-free rows
+    batch["loss_mask"] = lm
+    last, head = torch.randn(2, t, 32), torch.randn(50, 32)
+    full = target_from_last(last, head, model.d2t, model.t2d)
+    rows = label_rows(lm)
+    part = target_from_last(last, head, model.d2t, model.t2d, rows=rows)
+    assert 0 < int(rows.sum()) < rows.numel()
+    torch.testing.assert_close(part[0][rows], full[0][rows])  # a GEMM of fewer rows: rounding only
+    assert torch.equal(part[1][rows], full[1][rows]) and not part[1][~rows].any()
+    known = target_from_last(last, head, model.d2t, model.t2d, rows=rows, known_in_draft=full[1])
+    assert torch.equal(known[1], part[1])
+    results = []
+    for logits, in_draft in (full, part):
+        model.zero_grad()
+        b = {**batch, "target_logits_draft": logits, "target_argmax_in_draft": in_draft}
+        r = ttt_forward(model, **b, ttt_length=3)
+        r.loss.backward()
+        results.append((r, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (r_full, g_full), (r_part, g_part) = results
+    assert r_full.counts.sum() > 0
+    torch.testing.assert_close(r_part.loss, r_full.loss)
+    assert torch.equal(r_part.counts, r_full.counts) and torch.equal(r_part.correct, r_full.correct)
+    for name in g_full:
+        torch.testing.assert_close(g_part[name], g_full[name])
 
 
 def test_sim_accept_len():

@@ -28,7 +28,10 @@ def _sequences(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def build_store(root: Path, target_dir: str, n: int = 48, storage_option: str = "bf16",
-                seqs: list[list[int]] | None = None, draft_vocab: int = DRAFT_VOCAB) -> tuple[str, str]:
+                seqs: list[list[int]] | None = None, draft_vocab: int = DRAFT_VOCAB,
+                prompt_share: float = 0.0) -> tuple[str, str]:
+    """A store of ``n`` samples and its vocab; each sample's first max(3, prompt_share x length) tokens carry
+    no loss (a prompt)."""
 
     from eagle3.extract.capture import TargetCapture
     from eagle3.extract.codec import encode
@@ -46,7 +49,8 @@ def build_store(root: Path, target_dir: str, n: int = 48, storage_option: str = 
         a, l_ = aux[start:start + n_tok], last[start:start + n_tok]
         start += n_tok
         argmax += cap.lm_head(l_).argmax(-1).tolist()
-        mask = torch.tensor([0, 0, 0] + [1] * (n_tok - 3), dtype=torch.uint8)
+        prompt = min(n_tok, max(3, round(prompt_share * n_tok)))
+        mask = torch.tensor([0] * prompt + [1] * (n_tok - prompt), dtype=torch.uint8)
         samples.append({"id": f"sample{i:03d}", "input_ids": torch.tensor(seq, dtype=torch.int32),
                         "loss_mask": mask, "tensors": encode(storage_option, a, l_, lm_head=cap.lm_head)})
     half = len(samples) // 2
