@@ -48,7 +48,7 @@ def targets(batch: dict, lm_head: torch.Tensor, d2t: torch.Tensor, t2d: torch.Te
     """
     if "last" in batch:
         return ttt.target_from_last(batch["last"], lm_head, d2t, t2d, known_in_draft=known_in_draft,
-                                    rows=ttt.label_rows(batch["loss_mask"]))
+                                    rows=ttt.label_rows(batch["loss_mask"]) if "loss_mask" in batch else None)
     ids, logp = batch["topk_ids"].long(), batch["topk_logprobs"].float()
     draft_index = torch.full((t2d.shape[0],), -1, dtype=torch.long, device=ids.device)
     draft_index[torch.arange(d2t.shape[0], device=ids.device) + d2t] = torch.arange(d2t.shape[0], device=ids.device)
