@@ -355,6 +355,9 @@ def main() -> None:
           f"Policy here: {policy.name} ({policy.reason})")
     for r in runs:
         shape = f"{r['rows']}x{r['seq_len']}" + (" reduced: slow path" if r["reduced_shape"] else "")
+        if r["answer_share"]:
+            shape += ", labels where read + sparse steps: FLOPs counted as every position's" \
+                if r["labels_where_read"] else ", every position"
         print(f"train {r['mode']:7s} {r['precision']:8s} [{shape}]: {r['tokens_per_s']:,.0f} tok/s (wall) | "
               f"counted matmuls "
               f"{r['counted_gflops_cpu' if on_cpu else 'counted_gflops_wall']:.1f} GFLOP/s = "

@@ -1,0 +1,23 @@
+"""bench/train_bench.py --answer-share: both ways of the step run side by side on the same rows and the ratio is
+printed (how fast is not asserted here: that is the bench's job)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_answer_share_runs_every_position_and_the_trainers_way_side_by_side():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "train_bench.py"), "--precisions", "float32",
+                          "--rows", "2", "--seq-len", "48", "--ttt-length", "3", "--vd", "2048", "--iters", "1",
+                          "--threads", "1", "--answer-share", "0.4"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report, _ = json.JSONDecoder().raw_decode(out.stdout)  # the JSON report, then the summary lines
+    runs = [(r["answer_share"], r["labels_where_read"]) for r in report["runs"]]
+    assert runs == [(0.4, False), (0.4, True)]
+    assert all(r["tokens_per_s"] > 0 for r in report["runs"])
+    assert "answer share 0.40, float32: labels where read + sparse steps" in out.stdout
