@@ -56,9 +56,10 @@ def _run(model, batch, ttt_length, **kw):
 
 @pytest.mark.parametrize("ttt_length", [2, 3, 5])
 @pytest.mark.parametrize("checkpoint_steps", [False, True])
-def test_sparse_steps_equal_the_dense_reference(ttt_length, checkpoint_steps, monkeypatch):
+@pytest.mark.parametrize("window", [0, 4])  # the whole sample, or a sliding window (`--draft-window`)
+def test_sparse_steps_equal_the_dense_reference(ttt_length, checkpoint_steps, window, monkeypatch):
     monkeypatch.setattr(attention, "DEFAULT_BLOCK", 6)
-    model = make_tiny_draft()
+    model = make_tiny_draft(sliding_window=window)
     batch = tiny_batch(model.config, b=2, t=T)
     batch["loss_mask"] = _chat_mask()
     batch["target_argmax_in_draft"][0, 12] = False  # one label outside the draft vocab
