@@ -122,7 +122,8 @@ class TrainConfig:
     sparse_steps: bool = True
     """TTT steps 1.. only at the positions a loss needs (prompts, system turns and tool output carry none),
     where those are at most eagle3.draft.ttt.SPARSE_SHARE of a row: the same loss and gradients up to float
-    rounding, fewer FLOPs (docs/train.md "Sparse steps"). False runs every step everywhere (for measuring)."""
+    rounding, fewer FLOPs (docs/train.md "Labels where read, sparse steps"). False runs every step everywhere
+    (for measuring)."""
     checkpoint_ttt_steps: bool = False
     """Activation checkpointing per TTT step: backward runs each step's forward again instead of keeping its
     activations (the same loss and gradients). For long samples: at T=8192, TTT 7, bf16 on 2 CPU cores it cut the
