@@ -131,13 +131,19 @@ def worker_peer(args) -> dict:
 
 
 def alternate(peer_python: str, precision: str, seq_len: int, ttt_length: int, vd: int, threads: int,
-              iters: int, rounds: int, compile_ours: bool = False) -> dict[str, list[dict]]:
-    """``rounds`` x (our worker, the peer's worker), each a fresh process: their {wall_s, cpu_s} runs."""
+              iters: int, rounds: int, compile_ours: bool = False, malloc: str = "tuned") -> dict[str, list[dict]]:
+    """``rounds`` x (our worker, the peer's worker), each a fresh process: their {wall_s, cpu_s} runs.
+
+    ``malloc`` "tuned": both workers' glibc gets the trainer's settings (eagle3/memory.py CPU_MALLOC, through the
+    environment), so the two step codes are compared on the same allocator; "default": glibc's defaults."""
+    from eagle3.memory import cpu_malloc_env
+
     passthrough = ["--precision", precision, "--seq-len", str(seq_len), "--ttt-length", str(ttt_length),
                    "--vd", str(vd), "--threads", str(threads), "--iters", str(iters)]
     passthrough += ["--compile"] if compile_ours else []
     env = {"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
-           **{k: os.environ[k] for k in THREAD_WAIT_VARS if k in os.environ}}
+           **{k: os.environ[k] for k in THREAD_WAIT_VARS if k in os.environ},
+           **(cpu_malloc_env() if malloc == "tuned" else {})}
     runs: dict[str, list[dict]] = {"ours": [], "peer": []}
     for _ in range(rounds):
         for who, python in (("ours", sys.executable), ("peer", peer_python)):

@@ -38,6 +38,11 @@ Eagle3DraftModel, in its own venv, default /work/peer-venv/bin/python) next to o
 fresh processes, ours then the peer, alternating, same shape, threads and precision, and the same peaks and
 counted FLOPs, so both fractions and their ratio come from one run.
 
+--malloc: on the CPU the bench sets glibc malloc as the trainer does (eagle3/memory.py CPU_MALLOC: a fixed 32 MiB
+mmap threshold, so the per-step [Vd, H] gradients and logit blocks are reused heap memory, not fresh mappings that
+fault); `--malloc default` keeps glibc's defaults; `--malloc default,tuned` runs the whole bench once per setting in
+fresh processes (mallopt cannot be undone in a process), alternating --malloc-rounds times, and prints the ratio.
+
 OpenMP: idle workers spin by default (OMP_WAIT_POLICY unset = active), the fastest on a quiet machine;
 `OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/train_bench.py ...` measures sleeping workers, which win only on a
 host shared with other jobs (docs/train.md "Speed"). The peer's worker gets the same setting as ours.
@@ -48,6 +53,7 @@ usage: .venv/bin/python bench/train_bench.py [--precisions float32,bfloat16] [--
        [--precisions bfloat16] [--iters 1] [--no-warmup] [--checkpoint-steps]
        .venv/bin/python bench/train_bench.py --rows 1 --seq-len 1024 --threads 2 --iters 2 --peer [PYTHON]
        .venv/bin/python bench/train_bench.py --rows 4 --seq-len 256 --ttt-length 3 --vd 2048 --answer-share 0.45
+       .venv/bin/python bench/train_bench.py --rows 1 --seq-len 1024 --threads 2 --malloc default,tuned
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from eagle3.memory import tune_cpu_malloc  # noqa: E402
 from eagle3.devices import best_peak, check_precision, is_slow_path, mm_peaks, resolve_precision  # noqa: E402
 from eagle3.draft import DraftConfig, Eagle3Draft  # noqa: E402
 from eagle3.draft.ttt import label_rows, target_from_last, ttt_forward  # noqa: E402
@@ -253,6 +260,39 @@ def run_lengths(args, precisions: list[str], dev: str) -> None:
         print(f"  {r['precision']:8s} {r['attention']:9s} T={r['seq_len']:6d}: {what}")
 
 
+MALLOCS = ("tuned", "default")
+
+
+def compare_malloc(args, mallocs: list[str]) -> None:
+    """--malloc default,tuned: the whole bench once per setting in a fresh process, alternating; the ratio."""
+    argv, skip = [], False
+    for a in sys.argv[1:]:  # this run's arguments, less --malloc
+        if skip or a.startswith("--malloc=") or a == "--malloc":
+            skip = a == "--malloc"
+            continue
+        argv.append(a)
+    got: dict[str, list[dict]] = {m: [] for m in mallocs}
+    for _ in range(args.malloc_rounds):
+        for m in mallocs:
+            with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
+                subprocess.run([sys.executable, __file__, *argv, "--malloc", m, "--json-out", out.name], check=True,
+                               stdout=subprocess.DEVNULL)
+                got[m].append(json.load(out))
+    print(f"glibc malloc side by side, {args.malloc_rounds} alternating rounds of fresh processes "
+          f"(best CPU time per step of each):")
+    first = got[mallocs[0]][0]["runs"]
+    for i, r in enumerate(first):
+        best = {m: min((o["runs"][i] for o in got[m]), key=lambda x: x["step_cpu_s"]) for m in mallocs}
+        what = f"{r['mode']} {r['precision']} [{r['rows']}x{r['seq_len']}]"
+        for m in mallocs:
+            b = best[m]
+            print(f"  {m:7s} {what}: {b['tokens_per_s']:,.0f} tok/s (wall), {b['step_cpu_s']:.2f} CPU s/step = "
+                  f"{100 * b['fraction_of_best_peak']:.0f}% of the best peak")
+        if {"tuned", "default"} <= set(mallocs):
+            print(f"  tuned / default {what} (CPU time per step): "
+                  f"{best['default']['step_cpu_s'] / best['tuned']['step_cpu_s']:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precisions", default="float32,bfloat16",
@@ -282,16 +322,28 @@ def main() -> None:
     ap.add_argument("--answer-share", type=float, default=0.0,
                     help="loss on the last share of each row only; each precision then runs twice side by side: "
                          "every position (the trainer before 2026-12-03), and labels where read + sparse TTT steps")
+    ap.add_argument("--malloc", default="tuned",
+                    help="CPU: glibc malloc as the trainer sets it (tuned) or glibc's default; 'default,tuned' runs "
+                         "the bench once per setting in fresh processes, alternating, and prints the ratio")
+    ap.add_argument("--malloc-rounds", type=int, default=2, help="--malloc with two settings: alternating rounds")
+    ap.add_argument("--json-out", default="", help=argparse.SUPPRESS)  # --malloc's children: their results
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # PRECISION:ATTENTION:LENGTH, from --seq-lens
     args = ap.parse_args()
+    mallocs = [m.strip() for m in args.malloc.split(",") if m.strip()]
+    if not mallocs or set(mallocs) - set(MALLOCS):
+        raise SystemExit(f"--malloc {args.malloc!r}: use {', '.join(MALLOCS)} or both, comma-separated")
     dev = args.device
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:
         return child_run(args, dev)
     precisions = [check_precision(p.strip(), "--precisions") for p in args.precisions.split(",") if p.strip()]
-    if args.seq_lens:
+    if args.seq_lens:  # its children measure peak RSS with glibc's fixed initial threshold (ALLOCATOR_ENV)
         return run_lengths(args, precisions, dev)
+    if len(mallocs) > 1:
+        return compare_malloc(args, mallocs)
+    if dev == "cpu" and mallocs == ["tuned"]:
+        tune_cpu_malloc()
     policy = resolve_precision("auto", dev)
     on_cpu = dev == "cpu"
     if args.peer and (args.rows != 1 or not on_cpu or args.online):
@@ -321,7 +373,7 @@ def main() -> None:
                 continue
             peer_runs[p] = peer_bench.alternate(args.peer, p, args.seq_len, args.ttt_length, args.vd,
                                                 args.threads or torch.get_num_threads(), args.iters,
-                                                args.peer_rounds)
+                                                args.peer_rounds, malloc=mallocs[0])
     peaks = mm_peaks(dev, cpu_time=on_cpu, earlier=before)  # again after the steps: the machine may be shared
     rate = (lambda pk: pk.gflops_cpu) if on_cpu else (lambda pk: pk.gflops)
     best = best_peak(peaks, cpu_time=on_cpu)
@@ -341,7 +393,7 @@ def main() -> None:
                                          (f["draft_train"] + f["target_head"]) * args.seq_len)
                  for p, pr in peer_runs.items()}
     out = {
-        "device": dev, "peer": peers, "threads": torch.get_num_threads(), "vd": args.vd, "ttt_length": args.ttt_length,
+        "device": dev, "malloc": mallocs[0], "peer": peers, "threads": torch.get_num_threads(), "vd": args.vd, "ttt_length": args.ttt_length,
         "policy": policy.to_dict(), "peak_basis": "process CPU time" if on_cpu else "wall time",
         "peaks": {d: pk.to_dict() for d, pk in peaks.items()}, "best_peak": best.dtype,
         "peaks_before": {d: pk.to_dict() for d, pk in before.items()},
@@ -349,6 +401,8 @@ def main() -> None:
         "gflop_per_token": {k: round(v / 1e9, 4) for k, v in flops_per_token(args.vd, args.ttt_length).items()},
     }
     print(json.dumps(out, indent=1))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(out))
     basis = "by CPU time" if on_cpu else "by wall time"
     print(f"torch.mm peaks ({basis}): fp32 {rate(peaks['float32']):.1f} GFLOP/s (n={peaks['float32'].n}), "
           f"bf16 {rate(peaks['bfloat16']):.1f} (n={peaks['bfloat16'].n}); best {best.dtype}. "

@@ -24,7 +24,7 @@ import torch
 from eagle3.errors import GpuOutOfMemory, is_oom
 from eagle3.oom import halve, maybe_inject
 from eagle3.progress import Progress
-from eagle3 import checkpoint
+from eagle3 import checkpoint, memory
 from eagle3.checkpoint import state as ckpt_state
 from eagle3.train import data, distributed, objective
 from eagle3.train.budget import TimeBudget
@@ -42,6 +42,8 @@ def train(cfg: TrainConfig) -> dict:
     an OOM whose adapted state is saved (retry to resume).
     """
     dist = distributed.setup(cfg.device)
+    if torch.device(dist.device).type == "cpu" and memory.tune_cpu_malloc():
+        log.info("glibc malloc: %s (eagle3/memory.py CPU_MALLOC)", memory.CPU_MALLOC)
     try:
         inputs = load_inputs(cfg, dist.device)
         try:

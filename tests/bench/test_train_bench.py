@@ -1,4 +1,4 @@
-"""bench/train_bench.py --answer-share: both ways of the step run side by side on the same rows and the ratio is
+"""bench/train_bench.py --answer-share and --malloc: both ways of the step run side by side and the ratio is
 printed (how fast is not asserted here: that is the bench's job)."""
 
 from __future__ import annotations
@@ -21,3 +21,18 @@ def test_answer_share_runs_every_position_and_the_trainers_way_side_by_side():
     assert runs == [(0.4, False), (0.4, True)]
     assert all(r["tokens_per_s"] > 0 for r in report["runs"])
     assert "answer share 0.40, float32: labels where read + sparse steps" in out.stdout
+
+
+def test_malloc_default_and_tuned_run_in_fresh_processes_side_by_side():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "train_bench.py"), "--precisions", "float32",
+                          "--rows", "1", "--seq-len", "48", "--ttt-length", "2", "--vd", "2048", "--iters", "1",
+                          "--threads", "1", "--malloc", "default,tuned", "--malloc-rounds", "1"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("  default offline float32 [1x48]:") for line in lines), out.stdout
+    assert any(line.startswith("  tuned   offline float32 [1x48]:") for line in lines), out.stdout
+    assert any(line.startswith("  tuned / default offline float32 [1x48] (CPU time per step):") for line in lines)
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "train_bench.py"), "--malloc", "jemalloc"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--malloc 'jemalloc': use tuned, default" in bad.stderr
