@@ -93,7 +93,7 @@ def retrain_config(inputs: dict, vary: str, other: str, work: str) -> dict:
     not re-timed: the machine's load differs now)."""
     steps, warmup = inputs["steps"], inputs["warmup"]
     tc = dict(inputs["train_config"])
-    tc.update(out=os.path.join(work, "checkpoint"), train_time_budget=0.0, max_steps=steps,
+    tc.update(out=os.path.join(work, "checkpoint"), train_time_budget=0.0, train_deadline=0.0, max_steps=steps,
               epochs=inputs["epoch"] + 2, warmup_ratio=warmup / steps)
     if vary in ("draft_variant", "seed"):
         tc[vary] = other

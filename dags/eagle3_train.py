@@ -170,6 +170,14 @@ PARAMS = form_params({
     "draft_variant": config_param(TrainConfig, "draft_variant", enum=list(DRAFT_VARIANTS), title="Draft variant"),
     "draft_window": config_param(TrainConfig, "draft_window", minimum=0, title="Draft attention window"),
     "train_time_budget": config_param(TrainConfig, "train_time_budget", minimum=0, title="Training time budget (s)"),
+    "run_time_budget": Param(0, type="number", minimum=0, title="Run time budget (s)",
+                             description="Seconds the whole run should take (0: none). Training then ends by the "
+                                         "run's start plus this, less the reserve below, or runs the training time "
+                                         "budget if that is longer: a run whose earlier stages were quick (a bf16 "
+                                         "engine extracts faster) trains longer (eagle3/train/budget.py)."),
+    "after_train_reserve": Param(300, type="number", minimum=0, title="Reserve after training (s)",
+                                 description="With a run time budget: seconds kept for the tasks after train "
+                                             "(export, evaluate, publish, report)."),
     "evaluate_backend": config_param(EvaluateConfig, "backend", enum=list(EVALUATE_BACKENDS),
                                      title="Benchmark engine"),
     "evaluate_compare_with": config_param(EvaluateConfig, "compare_with", items={"type": "string",
@@ -296,6 +304,7 @@ def eagle3_train():
 
     train = TrainOperator(
         task_id="train", nproc=TRAIN_GPUS, pool_slots=TRAIN_SLOTS, trigger_rule="none_failed",
+        run_time_budget="{{ params.run_time_budget }}", after_train_reserve="{{ params.after_train_reserve }}",
         **GPU, **common,
         config={"store": layout.store(ROOT), "aux_layers": AUX_LAYERS,
                 "storage_option": "{{ params.storage_option }}",

@@ -283,8 +283,9 @@ CPU_MALLOC = {"mmap_threshold": 32 * 2 ** 20, "trim_threshold": 256 * 2 ** 20}
 """glibc malloc settings of a CPU training process (`tune_cpu_malloc`). Blocks up to 32 MiB (glibc's ceiling for
 the threshold) come from the heap and are reused, instead of each fp32 [Vd, H] lm_head gradient or block of logits
 being a fresh mapping whose pages fault again on first touch at every TTT step; up to 256 MiB freed at the heap's
-top stays mapped. Measured 2026-12-03 (2 cores, AVX512-BF16): the bf16 train step +7-8% tokens/s, fp32 +0-2%
-(bench/train_bench.py --malloc default,tuned)."""
+top stays mapped. Measured 2026-12-03 (2 cores, AVX512-BF16; docs/train.md): the bench's step (T=1024, TTT 7,
+Vd 8192) 1.05x in bf16, within noise in fp32; the demo's shape (Vd 2048) unchanged: its blocks are small enough for
+glibc's defaults (bench/train_bench.py --malloc default,tuned)."""
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any
 
@@ -178,12 +179,35 @@ class RegenerateOperator(Eagle3StageOperator):
 
 
 class TrainOperator(Eagle3StageOperator):
-    """Train under torchrun with ``nproc`` processes (pool ``gpu`` with pool_slots = nproc)."""
+    """Train under torchrun with ``nproc`` processes (pool ``gpu`` with pool_slots = nproc).
 
-    def __init__(self, *, nproc: int = 1, **kwargs: Any) -> None:
+    :param run_time_budget: seconds the whole DAG run should take (templated; 0: none). Training then ends by the
+        run's start + run_time_budget - after_train_reserve (TrainConfig.train_deadline), or runs
+        train_time_budget, whichever is longer (eagle3/train/budget.py).
+    :param after_train_reserve: seconds kept for the tasks after train (templated).
+    """
+
+    template_fields = (*Eagle3StageOperator.template_fields, "run_time_budget", "after_train_reserve")
+
+    def __init__(self, *, nproc: int = 1, run_time_budget: Any = 0, after_train_reserve: Any = 0,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("stage", "train")
         super().__init__(**kwargs)
         self.nproc = nproc
+        self.run_time_budget, self.after_train_reserve = run_time_budget, after_train_reserve
+
+    def execute(self, context) -> Any:
+        from eagle3.train.budget import run_deadline
+
+        start = getattr(context.get("dag_run"), "start_date", None)
+        budget = float(self.run_time_budget or 0)
+        if budget > 0 and start is not None:
+            deadline = run_deadline(start.timestamp(), budget, float(self.after_train_reserve or 0))
+            self.config = {**self.config, "train_deadline": deadline}
+            self.log.info("run time budget %.0f s from %s, %.0f s kept after train: training ends by %s at the "
+                          "latest, or runs train_time_budget if that is longer", budget, start.isoformat(),
+                          float(self.after_train_reserve or 0), datetime.fromtimestamp(deadline, timezone.utc))
+        return super().execute(context)
 
     def child_args(self, cfg) -> list[str]:
         # `eagle3 train --nproc` runs torchrun itself and keeps the exit codes (75 OOM, 2 bad input).

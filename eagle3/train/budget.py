@@ -12,11 +12,13 @@ fixed schedule gives them.
 The budget, its measurement and the fixed total are saved in the checkpoint (`train_state.json`
 "budget"); a resumed run, or the retry after an out-of-memory, keeps that total and so the same
 schedule, whatever speed it now runs at. A run killed before the total was fixed times again.
-Torch-free.
+`TrainConfig.train_deadline` stretches the budget to a wall-clock time (`budget_seconds`); the DAG computes it
+from the run's start, `run_time_budget` and `after_train_reserve` (`run_deadline`). Torch-free.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
@@ -25,10 +27,24 @@ from eagle3.train.config import BUDGET_PROBE_STEPS, TrainConfig, warmup_steps
 EVAL_COST_PER_TOKEN = 1 / 3  # an evaluation runs the TTT forward only: about a third of a training step
 
 
+def run_deadline(run_start: float, run_time_budget: float, after_train_reserve: float) -> float:
+    """The UNIX time by which training must end for a run started at ``run_start`` to finish within
+    ``run_time_budget`` seconds, ``after_train_reserve`` of them kept for the stages after train (0: no run
+    budget, no deadline)."""
+    return run_start + run_time_budget - after_train_reserve if run_time_budget > 0 else 0.0
+
+
+def budget_seconds(cfg: TrainConfig, now: float | None = None) -> float:
+    """The training loop's time budget when it starts at ``now``: ``train_time_budget``, stretched to
+    ``train_deadline`` when that leaves more (0: no budget)."""
+    left = cfg.train_deadline - (time.time() if now is None else now) if cfg.train_deadline else 0.0
+    return max(float(cfg.train_time_budget), left)
+
+
 @dataclass
 class TimeBudget:
     seconds: float
-    """The budget (TrainConfig.train_time_budget)."""
+    """The budget (`budget_seconds`: TrainConfig.train_time_budget, or longer to meet train_deadline)."""
     warmup: int
     """Warm-up steps, fixed at the start."""
     max_steps: int = 0
@@ -45,13 +61,14 @@ class TimeBudget:
     _tokens: int = 0
 
     @classmethod
-    def start(cls, cfg: TrainConfig, provisional_total: int) -> "TimeBudget | None":
-        if cfg.train_time_budget <= 0:
+    def start(cls, cfg: TrainConfig, provisional_total: int, now: float | None = None) -> "TimeBudget | None":
+        seconds = budget_seconds(cfg, now)
+        if seconds <= 0:
             return None
         # The untimed first step and the timed ones all lie inside the warm-up, whose learning rates do not
         # depend on the total: every step runs at the rate the fixed schedule gives it.
         warmup = max(warmup_steps(provisional_total, cfg), BUDGET_PROBE_STEPS + 1)
-        return cls(float(cfg.train_time_budget), warmup, cfg.max_steps, cfg.eval_every)
+        return cls(seconds, warmup, cfg.max_steps, cfg.eval_every)
 
     @classmethod
     def resume(cls, state: dict, cfg: TrainConfig) -> "TimeBudget | None":

@@ -107,6 +107,11 @@ class TrainConfig:
     then fixes the step count (and so the LR schedule) to what fits in the budget, over as many epochs as
     that takes (``epochs`` is then ignored; ``max_steps`` still caps): a faster machine trains more steps,
     not faster. The fixed count is stored in the checkpoint, so a resumed run keeps the same schedule."""
+    train_deadline: float = 0.0
+    """UNIX time (s) by which the training loop should end (0: none). When the loop starts, its time budget is the
+    longer of train_time_budget and the time left until then (eagle3/train/budget.py `budget_seconds`): the DAG
+    sets it from run_time_budget, so a run whose earlier stages were quick (a bf16 engine extracts faster) trains
+    longer, and one whose were slow still trains train_time_budget."""
 
     draft_window: int = 0
     """Sliding-window draft attention of a fresh run: each query attends the last draft_window positions of its
@@ -165,6 +170,9 @@ class TrainConfig:
         if not self.train_time_budget >= 0:
             raise InputError(f"TrainConfig.train_time_budget must be >= 0 seconds (0: off), "
                              f"got {self.train_time_budget!r}")
+        if not self.train_deadline >= 0:
+            raise InputError(f"TrainConfig.train_deadline must be a UNIX time in seconds (0: none), "
+                             f"got {self.train_deadline!r}")
         if self.write_back and not self.online:
             raise InputError("TrainConfig.write_back is for online mode only; add --online")
         if not self.store and (self.write_back or not self.online):

@@ -209,7 +209,7 @@ class Trainer:
         least = -self.dist.all_reduce(torch.tensor([-float(mine)], dtype=torch.float64), op="max").item()
         self.budget.agree(int(least))
         self.total_steps = self.budget.total_steps
-        log.info("time budget %.0f s: %s", self.cfg.train_time_budget, self.budget.describe())
+        log.info("time budget %.0f s: %s", self.budget.seconds, self.budget.describe())
 
     def _future_tokens(self):
         """Real tokens of each step from the current position on, over as many epochs as it takes."""

@@ -12,7 +12,8 @@ from bench import paired_bench as pb
 
 def _inputs(**kw) -> dict:
     tc = {"model": "m", "merged": "/r/merged", "store": "/root/store", "out": "/r/checkpoint", "draft_variant": "eagle3",
-          "train_time_budget": 150.0, "max_steps": 0, "epochs": 3, "warmup_ratio": 0.03, "seed": 7, "lr": 2e-3}
+          "train_time_budget": 150.0, "train_deadline": 1.7e9, "max_steps": 0, "epochs": 3, "warmup_ratio": 0.03,
+          "seed": 7, "lr": 2e-3}
     return {"train_config": tc, "steps": 208, "warmup": 5, "epoch": 2, "draft_variant": "eagle3",
             "target_engine": "transformers", "engines": {"transformers": 100},
             "store": {"aux_layers": [1, 14, 26], "storage_option": "bf16", "precision": {"name": "bfloat16"}}, **kw}
@@ -25,7 +26,7 @@ def test_the_second_draft_changes_one_setting_and_keeps_the_schedule(tmp_path):
     assert (seed["seed"], seed["draft_variant"], seed["store"]) == (8, "eagle3", "/root/store")
     for tc in (variant, engine, seed):
         # exactly the run's steps and warm-up, not re-timed; enough epochs planned for them
-        assert (tc["max_steps"], tc["train_time_budget"], tc["epochs"]) == (208, 0.0, 4)
+        assert (tc["max_steps"], tc["train_time_budget"], tc["train_deadline"], tc["epochs"]) == (208, 0.0, 0.0, 4)
         assert tc["warmup_ratio"] * 208 == pytest.approx(5)
         assert (tc["lr"], tc["merged"]) == (2e-3, "/r/merged")
         assert tc["out"] == str(tmp_path / "checkpoint")

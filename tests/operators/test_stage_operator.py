@@ -225,3 +225,24 @@ def test_on_kill_while_vllm_starts_stops_the_child_and_the_server(monkeypatch, t
         time.sleep(0.1)
     assert not alive(started["pid"]), "the vLLM server outlived the killed task"
     assert len(record.read_text().splitlines()) == 1  # no speculative phase after the kill
+
+
+def test_train_operator_sets_the_deadline_from_the_runs_start(tmp_path, monkeypatch):
+    from datetime import datetime, timezone
+
+    from operators.stage import TrainOperator
+
+    seen = []
+    monkeypatch.setattr(Eagle3StageOperator, "execute", lambda self, ctx: seen.append(dict(self.config)))
+    start = datetime(2026, 12, 3, 15, 0, tzinfo=timezone.utc)
+    ctx = {**context(), "dag_run": SimpleNamespace(start_date=start)}
+    op = TrainOperator(task_id="train", root=str(tmp_path), config={"train_time_budget": 150},
+                       run_time_budget="840", after_train_reserve=270)  # templated: may render as strings
+    op.execute(ctx)
+    assert seen[-1] == {"train_time_budget": 150, "train_deadline": start.timestamp() + 840 - 270}
+    TrainOperator(task_id="train", root=str(tmp_path), config={"train_time_budget": 150},
+                  run_time_budget=0, after_train_reserve=270).execute(ctx)
+    assert "train_deadline" not in seen[-1]  # no run budget: train_time_budget alone
+    TrainOperator(task_id="train", root=str(tmp_path), config={"train_time_budget": 150},
+                  run_time_budget=840, after_train_reserve=270).execute(context())
+    assert "train_deadline" not in seen[-1]  # no dag run start known: no deadline

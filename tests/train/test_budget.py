@@ -14,11 +14,33 @@ from eagle3 import checkpoint
 from eagle3.checkpoint import read_metrics
 from eagle3.errors import InputError
 from eagle3.train import loop
-from eagle3.train.budget import EVAL_COST_PER_TOKEN, TimeBudget
+from eagle3.train.budget import EVAL_COST_PER_TOKEN, TimeBudget, budget_seconds, run_deadline
 from eagle3.train.config import BUDGET_PROBE_STEPS, TrainConfig, lr_at
 from tests.train.test_loop import cfg_for, losses
 
 pytestmark = pytest.mark.precision  # the numbers follow the precision policy (make test forces both)
+
+
+def test_a_deadline_stretches_the_budget_never_shortens_it_hand_computed():
+    # A run started at t=1000 with 840 s for the whole run and 270 s kept after train must end training by 1570.
+    assert run_deadline(1000.0, 840.0, 270.0) == 1570.0
+    assert run_deadline(1000.0, 0.0, 270.0) == 0.0  # no run budget, no deadline
+
+    def budget(time_budget: float, deadline: float, now: float) -> float:
+        cfg = TrainConfig(store="s", vocab="v", out="o", train_time_budget=time_budget, train_deadline=deadline)
+        return budget_seconds(cfg, now)
+
+    assert budget(150, 1570.0, now=1200.0) == 370.0  # earlier stages were quick: 370 s left, more than 150
+    assert budget(150, 1570.0, now=1500.0) == 150.0  # slow ones: the floor
+    assert budget(150, 1570.0, now=2000.0) == 150.0  # past the deadline (a re-run days later): the floor
+    assert budget(150, 0.0, now=1200.0) == 150.0  # no deadline
+    assert budget(0, 1570.0, now=1200.0) == 370.0  # a deadline alone budgets the run
+    assert budget(0, 0.0, now=1200.0) == 0.0  # neither: epochs decide
+    cfg = TrainConfig(store="s", vocab="v", out="o", train_time_budget=150, train_deadline=1570.0, warmup_ratio=0.1)
+    assert TimeBudget.start(cfg, provisional_total=80, now=1200.0).seconds == 370.0
+    assert TimeBudget.start(TrainConfig(store="s", vocab="v", out="o", train_deadline=900.0), 80, now=1200.0) is None
+    with pytest.raises(InputError, match="train_deadline"):
+        TrainConfig(store="s", vocab="v", out="o", train_deadline=-1.0)
 
 
 def test_fix_walks_the_plan_at_the_measured_speed_hand_computed():
