@@ -197,17 +197,26 @@ class TrainOperator(Eagle3StageOperator):
         self.run_time_budget, self.after_train_reserve = run_time_budget, after_train_reserve
 
     def execute(self, context) -> Any:
+        self._run_start = getattr(context.get("dag_run"), "start_date", None)
+        return super().execute(context)
+
+    def build_config(self):
+        from eagle3.errors import InputError
         from eagle3.train.budget import run_deadline
 
-        start = getattr(context.get("dag_run"), "start_date", None)
-        budget = float(self.run_time_budget or 0)
+        budget, reserve = float(self.run_time_budget or 0), float(self.after_train_reserve or 0)
+        if budget > 0 and reserve >= budget:
+            raise InputError(f"run_time_budget={budget:g} s leaves nothing for training after after_train_reserve="
+                             f"{reserve:g} s: raise run_time_budget, lower after_train_reserve, or set "
+                             f"run_time_budget 0 (train_time_budget alone)")
+        start = getattr(self, "_run_start", None)
         if budget > 0 and start is not None:
-            deadline = run_deadline(start.timestamp(), budget, float(self.after_train_reserve or 0))
+            deadline = run_deadline(start.timestamp(), budget, reserve)
             self.config = {**self.config, "train_deadline": deadline}
-            self.log.info("run time budget %.0f s from %s, %.0f s kept after train: training ends by %s at the "
-                          "latest, or runs train_time_budget if that is longer", budget, start.isoformat(),
-                          float(self.after_train_reserve or 0), datetime.fromtimestamp(deadline, timezone.utc))
-        return super().execute(context)
+            self.log.info("run time budget %.0f s from %s, %.0f s kept after train: training runs until %s, or for "
+                          "train_time_budget if that ends later", budget, start.isoformat(), reserve,
+                          datetime.fromtimestamp(deadline, timezone.utc).isoformat())
+        return super().build_config()
 
     def child_args(self, cfg) -> list[str]:
         # `eagle3 train --nproc` runs torchrun itself and keeps the exit codes (75 OOM, 2 bad input).

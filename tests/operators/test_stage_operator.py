@@ -233,7 +233,8 @@ def test_train_operator_sets_the_deadline_from_the_runs_start(tmp_path, monkeypa
     from operators.stage import TrainOperator
 
     seen = []
-    monkeypatch.setattr(Eagle3StageOperator, "execute", lambda self, ctx: seen.append(dict(self.config)))
+    monkeypatch.setattr(Eagle3StageOperator, "execute", lambda self, ctx: seen.append(dict(self.build_config())))
+    monkeypatch.setattr(Eagle3StageOperator, "build_config", lambda self: self.config)
     start = datetime(2026, 12, 3, 15, 0, tzinfo=timezone.utc)
     ctx = {**context(), "dag_run": SimpleNamespace(start_date=start)}
     op = TrainOperator(task_id="train", root=str(tmp_path), config={"train_time_budget": 150},
@@ -246,3 +247,7 @@ def test_train_operator_sets_the_deadline_from_the_runs_start(tmp_path, monkeypa
     TrainOperator(task_id="train", root=str(tmp_path), config={"train_time_budget": 150},
                   run_time_budget=840, after_train_reserve=270).execute(context())
     assert "train_deadline" not in seen[-1]  # no dag run start known: no deadline
+    with pytest.raises(InputError, match="run_time_budget=300 s leaves nothing for training after "
+                                         "after_train_reserve=300 s"):
+        TrainOperator(task_id="train", root=str(tmp_path), config={}, run_time_budget=300,
+                      after_train_reserve=300).execute(ctx)
