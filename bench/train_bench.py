@@ -393,7 +393,8 @@ def main() -> None:
                                          (f["draft_train"] + f["target_head"]) * args.seq_len)
                  for p, pr in peer_runs.items()}
     out = {
-        "device": dev, "malloc": mallocs[0], "peer": peers, "threads": torch.get_num_threads(), "vd": args.vd, "ttt_length": args.ttt_length,
+        "device": dev, "malloc": mallocs[0], "peer": peers, "threads": torch.get_num_threads(), "vd": args.vd,
+        "ttt_length": args.ttt_length,
         "policy": policy.to_dict(), "peak_basis": "process CPU time" if on_cpu else "wall time",
         "peaks": {d: pk.to_dict() for d, pk in peaks.items()}, "best_peak": best.dtype,
         "peaks_before": {d: pk.to_dict() for d, pk in before.items()},

@@ -59,6 +59,7 @@ class TimeBudget:
     """What fixed it: timed steps, seconds, tokens/s, the elapsed time then, the planned seconds."""
     _from: tuple[int, int, float] | None = None  # (step, tokens so far, elapsed) at the first timed step's start
     _tokens: int = 0
+    _first_sight: float = 0.0  # seconds of the timed steps spent on first-seen samples' in-draft masks
 
     @classmethod
     def start(cls, cfg: TrainConfig, provisional_total: int, now: float | None = None) -> "TimeBudget | None":
@@ -91,6 +92,12 @@ class TimeBudget:
             return
         self._tokens += tokens
 
+    def record_first_sight(self, seconds: float) -> None:
+        """Seconds of a timed step spent on what only a sample's first micro-batch computes (the in-draft mask,
+        eagle3/train/objective.py InDraftCache), so that `fix` can price the steps that read it from the cache."""
+        if not self.fixed and self._from is not None:
+            self._first_sight += seconds
+
     def due(self, step: int) -> bool:
         """Whether enough steps were timed to fix the total, or max_steps ends the run before they were."""
         if self.fixed:
@@ -99,18 +106,24 @@ class TimeBudget:
             return True
         return self._from is not None and step - self._from[0] >= BUDGET_PROBE_STEPS
 
-    def fix(self, step: int, elapsed: float, future_tokens: Iterable[int], heldout_tokens: int) -> int:
-        """Fix total_steps: ``step`` done after ``elapsed`` s; ``future_tokens`` the real tokens of each next step."""
+    def fix(self, step: int, elapsed: float, future_tokens: Iterable[int], heldout_tokens: int,
+            cached_from: int | None = None) -> int:
+        """Fix total_steps: ``step`` done after ``elapsed`` s; ``future_tokens`` the real tokens of each next step.
+
+        ``cached_from``: the next steps from this index on see only samples seen before, so they cost the timed
+        seconds less those of first sights (`record_first_sight`) per token; None: every step as the timed ones."""
         start = self._from if self._from is not None else (step, 0, elapsed)  # capped before any timed step
         timed_s = max(elapsed - start[2], 1e-9)
         rate = self._tokens / timed_s  # real tokens per second
+        seen_s = min(self._first_sight, 0.9 * timed_s)  # a clock that disagrees cannot price a step at ~0 s
+        rate_seen = self._tokens / (timed_s - seen_s) if cached_from is not None else rate
         eval_s = heldout_tokens * EVAL_COST_PER_TOKEN / max(rate, 1e-9)
         left = self.seconds - elapsed - eval_s  # the final evaluation always runs
         planned, n = 0.0, 0
         for tokens in future_tokens:
             if self.max_steps and step + n >= self.max_steps:
                 break
-            cost = tokens / max(rate, 1e-9)
+            cost = tokens / max(rate_seen if cached_from is not None and n >= cached_from else rate, 1e-9)
             if self.eval_every and (step + n + 1) % self.eval_every == 0:
                 cost += eval_s
             if planned + cost > left:
@@ -119,7 +132,8 @@ class TimeBudget:
             n += 1
         self.total_steps, self.fixed = step + n, True
         self.measured = {"timed_steps": step - start[0], "timed_seconds": round(timed_s, 3),
-                         "tokens_per_s": round(rate, 1), "fixed_at_step": step, "elapsed_s": round(elapsed, 3),
+                         "tokens_per_s": round(rate, 1), "first_sight_seconds": round(seen_s, 3),
+                         "tokens_per_s_seen": round(rate_seen, 1), "fixed_at_step": step, "elapsed_s": round(elapsed, 3),
                          "planned_seconds": round(planned + eval_s, 3)}
         return self.total_steps
 
@@ -129,6 +143,8 @@ class TimeBudget:
 
     def describe(self) -> str:
         m = self.measured
-        return (f"{m['timed_steps']} steps timed at {m['tokens_per_s']:.0f} tok/s; {self.total_steps} steps in all "
+        seen = (f" ({m['tokens_per_s_seen']:.0f} once every sample's in-draft mask is cached)"
+                if m.get("tokens_per_s_seen", m["tokens_per_s"]) != m["tokens_per_s"] else "")
+        return (f"{m['timed_steps']} steps timed at {m['tokens_per_s']:.0f} tok/s{seen}; {self.total_steps} steps in all "
                 f"(fixed at step {m['fixed_at_step']}, {m['elapsed_s']:.0f} s in; {m['planned_seconds']:.0f} s "
                 f"planned after that, evaluations included)")

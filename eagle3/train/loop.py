@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from time import perf_counter  # first-sight timing: real seconds even where a test replaces `time`
 
 import torch
 
@@ -126,10 +127,16 @@ class Trainer:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision.bf16):
             with torch.no_grad():
                 known = None if shard else self.in_draft.get(ids, batch["input_ids"].shape[1])
+                # A budget still timing its first steps learns what the first sight of a sample costs (the
+                # full-vocab in-draft mask) apart from the rest: later epochs read the cache instead (CPU only:
+                # timing a CUDA stream here would need a sync).
+                t_labels = perf_counter() if known is None and shard is None and self._probing(grad) else None
                 target_logits, in_draft = objective.targets(batch, self.head, self.d2t, self.t2d,
                                                             None if known is None else known.to(self.device))
                 if known is None and shard is None:
                     self.in_draft.put(ids, in_draft, batch["attention_mask"])
+                if t_labels is not None:
+                    self.budget.record_first_sight(perf_counter() - t_labels)
             with torch.set_grad_enabled(grad):
                 res = objective.ttt_sums(self.model, batch, target_logits, in_draft, denominators.to(self.device),
                                          self.cfg.ttt_length, compiled=self.cfg.compile,
@@ -202,10 +209,18 @@ class Trainer:
     def _lr(self, step: int) -> float:
         return lr_at(step, self.total_steps, self.cfg, self.budget.warmup if self.budget is not None else None)
 
+    def _probing(self, grad: bool) -> bool:
+        return grad and self.budget is not None and not self.budget.fixed and self.device.type == "cpu"
+
     def _fix_budget(self, elapsed: float) -> None:
         """After the timed first steps: total_steps = the steps that fit in the rest of the budget."""
+        # One process, whole rows: from the second epoch on every sample's in-draft mask is cached. (Several
+        # data-parallel processes see other samples each epoch; their steps are all planned at the first rate.)
+        cached_from = None
+        if self.dist.world == 1 and self.device.type == "cpu":
+            cached_from = max(len(self.plan(0)) - self.pos.index, 0) if self.pos.epoch == 0 else 0
         mine = self.budget.fix(self.step, elapsed, self._future_tokens(),
-                               sum(self.lengths[s] for s in self.inp.heldout_ids))
+                               sum(self.lengths[s] for s in self.inp.heldout_ids), cached_from=cached_from)
         least = -self.dist.all_reduce(torch.tensor([-float(mine)], dtype=torch.float64), op="max").item()
         self.budget.agree(int(least))
         self.total_steps = self.budget.total_steps

@@ -43,6 +43,33 @@ def test_a_deadline_stretches_the_budget_never_shortens_it_hand_computed():
         TrainConfig(store="s", vocab="v", out="o", train_deadline=-1.0)
 
 
+def test_steps_that_read_cached_masks_are_priced_without_first_sights_hand_computed():
+    cfg = TrainConfig(store="s", vocab="v", out="o", train_time_budget=100.0, eval_every=3, warmup_ratio=0.1)
+    b = TimeBudget.start(cfg, provisional_total=80)
+    b.record_first_sight(9.0)  # during the untimed first step: not counted
+    b.record(1, 500, 7.0)
+    for step in range(2, 2 + BUDGET_PROBE_STEPS):
+        b.record_first_sight(1.25)  # half of each timed step's 2.5 s: the first sight of its samples
+        b.record(step, 250, 7.0 + 2.5 * (step - 1))
+    # 100 tok/s as timed, 200 once cached; an evaluation costs 1 s (at the timed rate), 82 s left as above.
+    # Two more first-epoch steps of 1,000 tokens at 10 s (step 6 plus its evaluation: 11), then 5 s each (+1 at
+    # steps 9, 12, 15, 18): 11, 21, 26, 32, 37, 42, 48, 53, 58, 64, 69, 74, 80; step 19 would end at 85 > 82.
+    total = b.fix(1 + BUDGET_PROBE_STEPS, 17.0, iter([1000] * 100), heldout_tokens=300, cached_from=2)
+    assert total == 5 + 13
+    assert b.measured["first_sight_seconds"] == pytest.approx(5.0)
+    assert (b.measured["tokens_per_s"], b.measured["tokens_per_s_seen"]) == (pytest.approx(100.0), pytest.approx(200.0))
+    assert "200 once every sample's in-draft mask is cached" in b.describe()
+    b.record_first_sight(50.0)  # after the fix: ignored
+    assert b.measured["first_sight_seconds"] == pytest.approx(5.0)
+    # Without cached_from (several processes) every step is priced as timed: the first test's 7 steps.
+    again = TimeBudget.start(cfg, provisional_total=80)
+    again.record(1, 500, 7.0)
+    for step in range(2, 2 + BUDGET_PROBE_STEPS):
+        again.record_first_sight(1.25)
+        again.record(step, 250, 7.0 + 2.5 * (step - 1))
+    assert again.fix(1 + BUDGET_PROBE_STEPS, 17.0, iter([1000] * 100), heldout_tokens=300) == 5 + 7
+
+
 def test_fix_walks_the_plan_at_the_measured_speed_hand_computed():
     cfg = TrainConfig(store="s", vocab="v", out="o", train_time_budget=100.0, eval_every=3, warmup_ratio=0.1)
     b = TimeBudget.start(cfg, provisional_total=80)
