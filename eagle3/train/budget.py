@@ -133,8 +133,8 @@ class TimeBudget:
         self.total_steps, self.fixed = step + n, True
         self.measured = {"timed_steps": step - start[0], "timed_seconds": round(timed_s, 3),
                          "tokens_per_s": round(rate, 1), "first_sight_seconds": round(seen_s, 3),
-                         "tokens_per_s_seen": round(rate_seen, 1), "fixed_at_step": step, "elapsed_s": round(elapsed, 3),
-                         "planned_seconds": round(planned + eval_s, 3)}
+                         "tokens_per_s_seen": round(rate_seen, 1), "fixed_at_step": step,
+                         "elapsed_s": round(elapsed, 3), "planned_seconds": round(planned + eval_s, 3)}
         return self.total_steps
 
     def agree(self, total: int) -> None:
@@ -145,6 +145,6 @@ class TimeBudget:
         m = self.measured
         seen = (f" ({m['tokens_per_s_seen']:.0f} once every sample's in-draft mask is cached)"
                 if m.get("tokens_per_s_seen", m["tokens_per_s"]) != m["tokens_per_s"] else "")
-        return (f"{m['timed_steps']} steps timed at {m['tokens_per_s']:.0f} tok/s{seen}; {self.total_steps} steps in all "
-                f"(fixed at step {m['fixed_at_step']}, {m['elapsed_s']:.0f} s in; {m['planned_seconds']:.0f} s "
+        return (f"{m['timed_steps']} steps timed at {m['tokens_per_s']:.0f} tok/s{seen}; {self.total_steps} steps "
+                f"in all (fixed at step {m['fixed_at_step']}, {m['elapsed_s']:.0f} s in; {m['planned_seconds']:.0f} s "
                 f"planned after that, evaluations included)")
