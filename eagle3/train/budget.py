@@ -12,6 +12,14 @@ fixed schedule gives them.
 The budget, its measurement and the fixed total are saved in the checkpoint (`train_state.json`
 "budget"); a resumed run, or the retry after an out-of-memory, keeps that total and so the same
 schedule, whatever speed it now runs at. A run killed before the total was fixed times again.
+
+Four steps price the rest of a run roughly: on one CPU process the steps after the first epoch read every
+sample's in-draft mask from a cache, and `fix` prices them from the share of the timed seconds the masks took,
+which over- or underestimates them by up to a quarter (a demo planned 315 s and ran 393). So once
+BUDGET_REFIT_STEPS steps and BUDGET_REFIT_SHARE of the budget of the kind that fills the rest of the run (after
+the first epoch where it caches, else any) have been timed, `refit` fixes the total a second and last time at their measured rate, evaluations
+timed as they ran. The cosine schedule then follows the new total from that step on (a small change in the
+learning rate: the refit comes early, where the cosine is flat). A resumed run keeps the last saved total.
 `TrainConfig.train_deadline` stretches the budget to a wall-clock time (`budget_seconds`); the DAG computes it
 from the run's start, `run_time_budget` and `after_train_reserve` (`run_deadline`). Torch-free.
 """
@@ -22,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from eagle3.train.config import BUDGET_PROBE_STEPS, TrainConfig, warmup_steps
+from eagle3.train.config import BUDGET_PROBE_STEPS, BUDGET_REFIT_SHARE, BUDGET_REFIT_STEPS, TrainConfig, warmup_steps
 
 EVAL_COST_PER_TOKEN = 1 / 3  # an evaluation runs the TTT forward only: about a third of a training step
 
@@ -57,9 +65,16 @@ class TimeBudget:
     """The fixed step count."""
     measured: dict = field(default_factory=dict)
     """What fixed it: timed steps, seconds, tokens/s, the elapsed time then, the planned seconds."""
+    refit_from: int | None = None
+    """The step after which steps are timed for `refit` (None: no refit to come). Saved: a run resumed before
+    the refit times its own steps for it, as one resumed before the fix does."""
     _from: tuple[int, int, float] | None = None  # (step, tokens so far, elapsed) at the first timed step's start
     _tokens: int = 0
     _first_sight: float = 0.0  # seconds of the timed steps spent on first-seen samples' in-draft masks
+    _window: tuple[int, int, float] | None = None  # (step, tokens since, elapsed) where the refit's timing began
+    _eval_s: list = field(default_factory=list)  # seconds of each evaluation run since the total was fixed
+    _eval_in_window: float = 0.0
+    _last: float = 0.0  # elapsed at the last `record`
 
     @classmethod
     def start(cls, cfg: TrainConfig, provisional_total: int, now: float | None = None) -> "TimeBudget | None":
@@ -85,12 +100,26 @@ class TimeBudget:
     # -- timing -------------------------------------------------------------------------------
     def record(self, step: int, tokens: int, elapsed: float) -> None:
         """After optimizer step ``step`` (1-based) of ``tokens`` real tokens, at ``elapsed`` s into the run."""
+        self._last = elapsed
         if self.fixed:
+            if self.refit_from is not None and step >= self.refit_from:
+                if self._window is None:  # timing starts when this step ends (a resumed process's first step
+                    self._window = (step, 0, elapsed)  # pays set-up: not timed either)
+                else:
+                    self._window = (self._window[0], self._window[1] + tokens, self._window[2])
             return
         if self._from is None:  # this process's first step: set-up, not timed
             self._from = (step, 0, elapsed)
             return
         self._tokens += tokens
+
+    def record_eval(self, seconds: float) -> None:
+        """Seconds a held-out evaluation took (after the total was fixed): `refit` plans evaluations at this cost
+        and does not count it as training time."""
+        if self.fixed:
+            self._eval_s.append(seconds)
+            if self._window is not None:
+                self._eval_in_window += seconds
 
     def record_first_sight(self, seconds: float) -> None:
         """Seconds of a timed step spent on what only a sample's first micro-batch computes (the in-draft mask,
@@ -131,10 +160,46 @@ class TimeBudget:
             planned += cost
             n += 1
         self.total_steps, self.fixed = step + n, True
+        refit_from = step + (cached_from or 0)
+        self.refit_from = refit_from if refit_from + BUDGET_REFIT_STEPS < self.total_steps else None
+        if self.refit_from == step:  # this step just ended: the refit's timing starts now
+            self._window = (step, 0, elapsed)
         self.measured = {"timed_steps": step - start[0], "timed_seconds": round(timed_s, 3),
                          "tokens_per_s": round(rate, 1), "first_sight_seconds": round(seen_s, 3),
                          "tokens_per_s_seen": round(rate_seen, 1), "fixed_at_step": step,
                          "elapsed_s": round(elapsed, 3), "planned_seconds": round(planned + eval_s, 3)}
+        return self.total_steps
+
+    def refit_due(self, step: int) -> bool:
+        """Whether the steps timed for `refit` by the last `record` are enough (it is due once)."""
+        return (self.refit_from is not None and self._window is not None
+                and step - self._window[0] >= BUDGET_REFIT_STEPS
+                and self._last - self._window[2] - self._eval_in_window >= BUDGET_REFIT_SHARE * self.seconds)
+
+    def refit(self, step: int, elapsed: float, future_tokens: Iterable[int], heldout_tokens: int) -> int:
+        """Fix total_steps again at the rate of the steps timed since `fix` (all of the kind the rest of the run
+        is: see the module doc), evaluations at their measured cost; the last change to the total."""
+        first, tokens, began = self._window
+        timed_s = max(elapsed - began - self._eval_in_window, 1e-9)
+        rate = tokens / timed_s
+        eval_s = (sum(self._eval_s) / len(self._eval_s) if self._eval_s
+                  else heldout_tokens * EVAL_COST_PER_TOKEN / max(rate, 1e-9))
+        left = self.seconds - elapsed - eval_s
+        planned, n = 0.0, 0
+        for t in future_tokens:
+            if self.max_steps and step + n >= self.max_steps:
+                break
+            cost = t / rate + (eval_s if self.eval_every and (step + n + 1) % self.eval_every == 0 else 0.0)
+            if planned + cost > left:
+                break
+            planned += cost
+            n += 1
+        self.refit_from = None
+        self.measured["refit"] = {"at_step": step, "timed_steps": step - first,
+                                  "timed_seconds": round(timed_s, 3), "tokens_per_s": round(rate, 1),
+                                  "eval_seconds": round(eval_s, 3), "elapsed_s": round(elapsed, 3),
+                                  "planned_seconds": round(planned + eval_s, 3), "was_total": self.total_steps}
+        self.total_steps = step + n
         return self.total_steps
 
     def agree(self, total: int) -> None:
@@ -145,6 +210,12 @@ class TimeBudget:
         m = self.measured
         seen = (f" ({m['tokens_per_s_seen']:.0f} once every sample's in-draft mask is cached)"
                 if m.get("tokens_per_s_seen", m["tokens_per_s"]) != m["tokens_per_s"] else "")
+        if "refit" in m:
+            r = m["refit"]
+            return (f"refit at step {r['at_step']} ({r['elapsed_s']:.0f} s in): {r['timed_steps']} later steps ran at "
+                    f"{r['tokens_per_s']:.0f} tok/s; {self.total_steps} steps in all (was {r['was_total']}; "
+                    f"{r['planned_seconds']:.0f} s planned after that, evaluations of {r['eval_seconds']:.1f} s "
+                    "included)")
         return (f"{m['timed_steps']} steps timed at {m['tokens_per_s']:.0f} tok/s{seen}; {self.total_steps} steps "
                 f"in all (fixed at step {m['fixed_at_step']}, {m['elapsed_s']:.0f} s in; {m['planned_seconds']:.0f} s "
                 f"planned after that, evaluations included)")

@@ -15,6 +15,11 @@ INIT_CHOICES = ("target", "random")
 # Optimizer steps timed before a time-budgeted run fixes its step count (the first step is not timed:
 # it pays one-time set-up). See TrainConfig.train_time_budget.
 BUDGET_PROBE_STEPS = 4
+# Steps, and share of the budget's seconds, of the kind that fill the rest of the run (after the first epoch:
+# cached in-draft masks) timed before the total is fixed a second and last time (eagle3/train/budget.py
+# `TimeBudget.refit`). 20 steps alone (4 s of a demo) misjudged the rest by 8%: batches differ.
+BUDGET_REFIT_STEPS = 20
+BUDGET_REFIT_SHARE = 0.05
 
 
 @renamed_fields

@@ -213,29 +213,36 @@ class Trainer:
         return grad and self.budget is not None and not self.budget.fixed and self.device.type == "cpu"
 
     def _fix_budget(self, elapsed: float) -> None:
-        """After the timed first steps: total_steps = the steps that fit in the rest of the budget."""
-        # One process, whole rows: from the second epoch on every sample's in-draft mask is cached. (Several
-        # data-parallel processes see other samples each epoch; their steps are all planned at the first rate.)
-        cached_from = None
-        if self.dist.world == 1 and self.device.type == "cpu":
-            cached_from = max(len(self.plan(0)) - self.pos.index, 0) if self.pos.epoch == 0 else 0
-        mine = self.budget.fix(self.step, elapsed, self._future_tokens(),
-                               sum(self.lengths[s] for s in self.inp.heldout_ids), cached_from=cached_from)
+        """After the timed first steps, and again (`TimeBudget.refit`) after the first steps of the kind that fill
+        the rest of the run: total_steps = the steps that fit in the rest of the budget."""
+        heldout = sum(self.lengths[s] for s in self.inp.heldout_ids)
+        if self.budget.fixed:
+            mine = self.budget.refit(self.step, elapsed, self._future_tokens(), heldout)
+        else:
+            # One process, whole rows: from the second epoch on every sample's in-draft mask is cached. (Several
+            # data-parallel processes see other samples each epoch; their steps are all planned at one rate.)
+            cached_from = None
+            if self.dist.world == 1 and self.device.type == "cpu":
+                cached_from = max(len(self.plan(0)) - self.pos.index, 0) if self.pos.epoch == 0 else 0
+            mine = self.budget.fix(self.step, elapsed, self._future_tokens(), heldout, cached_from=cached_from)
         least = -self.dist.all_reduce(torch.tensor([-float(mine)], dtype=torch.float64), op="max").item()
         self.budget.agree(int(least))
         self.total_steps = self.budget.total_steps
         log.info("time budget %.0f s: %s", self.budget.seconds, self.budget.describe())
 
-    def _future_tokens(self):
-        """Real tokens of each step from the current position on, over as many epochs as it takes."""
+    def _future_batches(self):
+        """Each step's global batch from the current position on, over as many epochs as it takes."""
         epoch, index = self.pos.epoch, self.pos.index
         while True:
             batches = self.plan(epoch)
-            for b in batches[index:]:
-                yield sum(self.lengths[s] for s in b)
+            yield from batches[index:]
             epoch, index = epoch + 1, 0
             if not batches:
                 return
+
+    def _future_tokens(self):
+        """Real tokens of each step from the current position on."""
+        return (sum(self.lengths[s] for s in b) for b in self._future_batches())
 
     # -- evaluation ------------------------------------------------------------------
     def evaluate(self) -> dict | None:
@@ -291,10 +298,11 @@ class Trainer:
                  len(self.inp.train_ids), len(self.inp.heldout_ids), self.micro, self.accum, dist.world,
                  self.global_tokens, self.precision.name, self.precision.reason)
         while self.step < self.total_steps or (self.budget is not None and not self.budget.fixed):
-            if self.budget is not None and self.budget.due(self.step):
+            if self.budget is not None and (self.budget.due(self.step) or self.budget.refit_due(self.step)):
                 self._fix_budget(time.monotonic() - t0)
-                planned = itertools.islice(self._future_tokens(), max(self.total_steps - self.step, 0))
-                progress.total_tokens = max(progress.tokens + sum(planned), 1)
+                planned = list(itertools.islice(self._future_batches(), max(self.total_steps - self.step, 0)))
+                progress.total_tokens = max(progress.tokens + sum(self.lengths[s] for b in planned for s in b), 1)
+                progress.total_samples = progress.samples + sum(map(len, planned))  # samples seen, epochs included
                 if self.step >= self.total_steps:
                     break
             batches = self.plan(self.pos.epoch)
@@ -333,7 +341,11 @@ class Trainer:
                 log.info("step %d/%d loss %.4f acc_0 %.3f lr %.2e | %s", self.step, self.total_steps, m["loss"],
                          m["acc_0"], lr, progress.line())
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
+                timing = self.budget is not None and self.budget.refit_from is not None
+                t_eval = time.monotonic() if timing else 0.0
                 last_eval = self.evaluate()
+                if timing:  # the refit plans evaluations at their measured cost, apart from the steps'
+                    self.budget.record_eval(time.monotonic() - t_eval)
             if self.step % cfg.save_every == 0 and self.step < self.total_steps:
                 self.save()
         last_eval = self.evaluate() or last_eval

@@ -4,6 +4,7 @@ machine trains more steps in the same budget, and a resumed run keeps the fixed 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import types
 
@@ -15,7 +16,7 @@ from eagle3.checkpoint import read_metrics
 from eagle3.errors import InputError
 from eagle3.train import loop
 from eagle3.train.budget import EVAL_COST_PER_TOKEN, TimeBudget, budget_seconds, run_deadline
-from eagle3.train.config import BUDGET_PROBE_STEPS, TrainConfig, lr_at
+from eagle3.train.config import BUDGET_PROBE_STEPS, BUDGET_REFIT_SHARE, BUDGET_REFIT_STEPS, TrainConfig, lr_at
 from tests.train.test_loop import cfg_for, losses
 
 pytestmark = pytest.mark.precision  # the numbers follow the precision policy (make test forces both)
@@ -175,3 +176,100 @@ def test_a_resumed_budget_run_keeps_the_fixed_steps_and_the_curve(monkeypatch, t
     done = _budget_run(monkeypatch, tiny_store, out, dt=0.5, save_every=1, keep=1000)
     assert done["steps"] == ref["steps"]
     torch.testing.assert_close(torch.tensor(losses(out)), torch.tensor(losses(tmp_path / "ref")), rtol=1e-4, atol=1e-6)
+
+
+def _probed(seconds: float, eval_every: int = 0) -> TimeBudget:
+    """A budget after the probe of the tests above: 100 tok/s as timed, 200 without first sights."""
+    b = TimeBudget.start(TrainConfig(store="s", vocab="v", out="o", train_time_budget=seconds, eval_every=eval_every,
+                                     warmup_ratio=0.1), provisional_total=80)
+    b.record(1, 500, 7.0)
+    for step in range(2, 2 + BUDGET_PROBE_STEPS):
+        b.record_first_sight(1.25)
+        b.record(step, 250, 7.0 + 2.5 * (step - 1))
+    return b
+
+
+def test_the_total_is_fixed_again_at_the_speed_of_the_cached_steps_hand_computed():
+    """Four steps misjudge the cached steps (a demo planned 315 s and ran 393): once BUDGET_REFIT_STEPS of them
+    and BUDGET_REFIT_SHARE of the budget are timed, the total is fixed again at their speed."""
+    b = _probed(1000.0)
+    # 982 s left (1 s for the final evaluation): 2 first-epoch steps of 10 s, then 192 cached ones of 5 s.
+    assert b.fix(5, 17.0, iter([1000] * 1000), heldout_tokens=300, cached_from=2) == 5 + 2 + 192
+    assert b.refit_from == 7  # the last first-epoch step: the timing starts when it ends
+    b.record(6, 1000, 27.0)
+    b.record(7, 1000, 37.0)
+    elapsed = 37.0
+    for step in range(8, 8 + BUDGET_REFIT_STEPS):  # the cached steps take 8 s, not 5: 125 tok/s
+        assert not b.refit_due(step - 1)
+        elapsed += 8.0
+        b.record(step, 1000, elapsed)
+        if step == 10:
+            b.record_eval(2.0)  # an evaluation: timed apart, not training time
+            elapsed += 2.0
+    step = 7 + BUDGET_REFIT_STEPS
+    assert BUDGET_REFIT_STEPS * 8.0 >= BUDGET_REFIT_SHARE * 1000.0 and b.refit_due(step)
+    # 125 tok/s; evaluations cost the measured 2 s; 1000 - 199 - 2 = 799 s left: 99 steps of 8 s.
+    assert elapsed == 199.0
+    assert b.refit(step, elapsed, iter([1000] * 1000), heldout_tokens=300) == step + 99
+    r = b.measured["refit"]
+    assert (r["timed_steps"], r["tokens_per_s"], r["eval_seconds"], r["was_total"]) == (20, 125.0, 2.0, 199)
+    assert b.refit_from is None and not b.refit_due(step + 50)  # once
+    assert "refit at step 27" in b.describe() and "126 steps in all (was 199" in b.describe()
+    assert TimeBudget.resume({"budget": b.to_dict()}, b_cfg := TrainConfig(store="s", vocab="v", out="o")).total_steps \
+        == 126 and b_cfg  # the checkpoint keeps the refit total
+    # Fast steps: 20 of them (20 s) are not yet 5% of the budget; the refit waits for 50 s of them.
+    quick = _probed(1000.0)
+    quick.fix(5, 17.0, iter([1000] * 1000), heldout_tokens=300, cached_from=0)
+    for step in range(6, 60):
+        quick.record(step, 1000, 17.0 + (step - 5))
+        assert quick.refit_due(step) == (step - 5 >= 50), step
+
+
+def test_a_run_resumed_before_the_refit_times_its_own_steps_for_it():
+    b = _probed(1000.0)
+    b.fix(5, 17.0, iter([1000] * 1000), heldout_tokens=300, cached_from=2)
+    again = TimeBudget.resume({"budget": b.to_dict()}, TrainConfig(store="s", vocab="v", out="o"))
+    assert (again.total_steps, again.refit_from) == (199, 7)
+    again.record(31, 1000, 3.0)  # the resumed process's first step pays set-up: the timing starts after it
+    for step in range(32, 32 + BUDGET_REFIT_STEPS):
+        assert not again.refit_due(step - 1)
+        again.record(step, 1000, 3.0 + 4.0 * (step - 31))  # 250 tok/s on this machine
+    step = 31 + BUDGET_REFIT_STEPS
+    assert again.refit_due(step)
+    # 1000 - 83 - 0.4 (no evaluation timed yet: 300 held-out tokens at a third of a step's cost per token, 250
+    # tok/s) = 916.6 s: 229 steps of 4 s.
+    assert again.refit(step, 83.0, iter([1000] * 1000), heldout_tokens=300) == step + 229
+    assert again.measured["refit"]["tokens_per_s"] == 250.0
+
+
+class _SlowingClock(_Clock):
+    """Runs ``dt`` per reading for the first ``fast_reads``, then ``slow`` times that: later steps cost more than
+    the timed ones."""
+
+    def __init__(self, dt: float, fast_reads: int, slow: float):
+        super().__init__(dt)
+        self.reads, self.fast_reads, self.slow = 0, fast_reads, slow
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        self.now += self.dt * (1 if self.reads <= self.fast_reads else self.slow)
+        return self.now
+
+
+def test_a_run_whose_later_steps_are_slower_ends_near_its_budget(monkeypatch, tiny_store, tmp_path, caplog):
+    torch.set_num_threads(1)
+    caplog.set_level("INFO", logger="eagle3.progress")
+    clock = _SlowingClock(0.02, fast_reads=40, slow=1.5)
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    start = clock.now
+    got = loop.train(cfg_for(tiny_store, tmp_path / "run", token_budget=64, train_time_budget=20.0, epochs=1))
+    refit = got["budget"]["measured"]["refit"]
+    assert refit["was_total"] > got["steps"] == got["total_steps"] == got["budget"]["total_steps"]
+    # Planned at the first steps' speed the run would have taken ~1.5x the budget; refit, it ends within it.
+    assert 0.85 * 20.0 < clock.now - start <= 1.05 * 20.0, (clock.now - start, got["steps"], refit)
+    with open(checkpoint.latest_step_dir(str(tmp_path / "run")) + "/train_state.json") as f:
+        assert json.load(f)["budget"]["measured"]["refit"] == refit
+    # Progress counts the samples of every epoch against the planned total (it read "2862/993 samples").
+    done = [r.getMessage() for r in caplog.records if "done in" in r.getMessage()][-1]
+    seen, planned = re.search(r"train: (\d+)/(\d+) samples", done).groups()
+    assert seen == planned and int(seen) > 0, done
