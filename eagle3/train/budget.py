@@ -17,9 +17,10 @@ Four steps price the rest of a run roughly: on one CPU process the steps after t
 sample's in-draft mask from a cache, and `fix` prices them from the share of the timed seconds the masks took,
 which over- or underestimates them by up to a quarter (a demo planned 315 s and ran 393). So once
 BUDGET_REFIT_STEPS steps and BUDGET_REFIT_SHARE of the budget of the kind that fills the rest of the run (after
-the first epoch where it caches, else any) have been timed, `refit` fixes the total a second and last time at their measured rate, evaluations
-timed as they ran. The cosine schedule then follows the new total from that step on (a small change in the
-learning rate: the refit comes early, where the cosine is flat). A resumed run keeps the last saved total.
+the first epoch where it caches, else any) have been timed, `refit` fixes the total a second and last time at
+their measured rate, evaluations at their measured cost. The cosine schedule follows the new total from that
+step on (a small change in the learning rate: the refit comes early, where the cosine is flat). A run resumed
+before the refit times its own steps for it (`refit_from` is saved); one resumed after keeps the saved total.
 `TrainConfig.train_deadline` stretches the budget to a wall-clock time (`budget_seconds`); the DAG computes it
 from the run's start, `run_time_budget` and `after_train_reserve` (`run_deadline`). Torch-free.
 """
