@@ -29,11 +29,27 @@ SHOWN = ("[DAG TEST] running task", "ETA", "done in", "Marking task as", "ERROR"
          "acceptance")
 
 
-def write_corpus(artifacts: Path, scale: float, env: dict) -> Path:
+def more_data(mode: str, precision=None) -> tuple[dict[str, float], str]:
+    """The `demo-data --more` factors and why: settings.MORE_ON_BF16 when ``mode`` is auto and the machine's
+    precision policy (``precision``, else resolved here for the default device) picks bf16; none for off."""
+    if mode == "off":
+        return {}, "--more-data off"
+    if precision is None:
+        from eagle3.devices import resolve_device, resolve_precision
+
+        precision = resolve_precision("auto", resolve_device("auto"))
+    if precision.bf16:
+        return dict(settings.MORE_ON_BF16), f"this machine computes in bf16 ({precision.reason})"
+    return {}, f"this machine computes in fp32 ({precision.reason})"
+
+
+def write_corpus(artifacts: Path, scale: float, env: dict, more: dict[str, float]) -> Path:
     """The demo corpus under <artifacts>/demo (eagle3.demo.settings); returns its manifest."""
     manifest = Path(settings.manifest_path(str(artifacts)))
+    extra = [a for k, v in sorted(more.items()) for a in ("--more", f"{k}={v:g}")]
     subprocess.run([sys.executable, "-m", "eagle3.cli", "demo-data", "--out", str(manifest.parent),
-                    "--scale", str(scale), "--regenerate", ",".join(settings.REGENERATED)], check=True, env=env)
+                    "--scale", str(scale), "--regenerate", ",".join(settings.REGENERATED), *extra],
+                   check=True, env=env)
     return manifest
 
 
@@ -46,6 +62,10 @@ def main() -> int:
                     help="target: an alias of eagle3.target.ALIASES (smollm2-135m-instruct, gemma3-270m) or a "
                          "model directory; the DAG's `model` param (regenerate, tokenize, extract, train, evaluate)")
     ap.add_argument("--data-only", action="store_true", help="write the demo corpus (if missing) and stop")
+    ap.add_argument("--more-data", choices=("auto", "off"), default="auto",
+                    help="auto: more samples of the datasets in eagle3.demo.settings.MORE_ON_BF16 where the "
+                         "precision policy picks bf16 (those machines regenerate and extract ~2.5x faster); off: "
+                         "the same corpus on every machine")
     ap.add_argument("--compare", default=",".join(settings.COMPARE),
                     help="after the run, train its draft again with one setting changed for the same steps and "
                          "pair both in vLLM (bench/paired_bench.py): a comma-separated list of "
@@ -64,13 +84,16 @@ def main() -> int:
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
            "EAGLE3_MANIFEST": settings.manifest_path(str(artifacts)), "EAGLE3_RETRY_DELAY_S": "5",
            "EAGLE3_OOM_RETRY_DELAY_S": "2"}
+    more, why = more_data(args.more_data)
+    if more:
+        print("demo corpus: " + ", ".join(f"{k} x{v:g}" for k, v in more.items()) + f": {why}", flush=True)
     if args.data_only:
         if not Path(settings.manifest_path(str(artifacts))).exists():
-            write_corpus(artifacts, args.scale, env)
+            write_corpus(artifacts, args.scale, env, more)
         print(f"demo manifest: {settings.manifest_path(str(artifacts))}")
         return 0
     t0 = time.time()
-    manifest = write_corpus(artifacts, args.scale, env)
+    manifest = write_corpus(artifacts, args.scale, env, more)
     # Everything else is the DAG Params' defaults, which are the demo settings.
     conf = {"model": args.model, "manifest": str(manifest), "storage_root": str(artifacts), **json.loads(args.conf)}
     conf = {k: v for k, v in conf.items() if v is not None}

@@ -291,20 +291,27 @@ def _parquet(records: list[dict]) -> bytes:
     return buf.getvalue()
 
 
-def write_demo_corpus(out: str, scale: float = 1, seed: int = 42, regenerate: tuple[str, ...] = ()) -> str:
+def write_demo_corpus(out: str, scale: float = 1, seed: int = 42, regenerate: tuple[str, ...] = (),
+                      more: dict[str, float] | None = None) -> str:
     """Write the demo datasets and manifest.yaml under `out`; returns the manifest's URI.
 
     Datasets named in `regenerate` get `regenerate: true`: the DAG replaces their
-    answers with the target's own before tokenizing.
+    answers with the target's own before tokenizing. `more` multiplies some datasets'
+    sample counts on top of `scale` (the demo's more data on a bf16 machine).
     """
+    more = dict(more or {})
     unknown = sorted(set(regenerate) - set(DATASETS))
     if unknown:
         raise InputError(f"--regenerate names unknown dataset(s) {unknown}; demo datasets: {sorted(DATASETS)}")
-    if scale <= 0:
-        raise InputError(f"scale must be > 0, got {scale!r} (e.g. --scale 1)")
+    unknown = sorted(set(more) - set(DATASETS))
+    if unknown:
+        raise InputError(f"--more names unknown dataset(s) {unknown}; demo datasets: {sorted(DATASETS)}")
+    if scale <= 0 or any(f <= 0 for f in more.values()):
+        raise InputError(f"scale and --more factors must be > 0, got scale {scale!r}, more {more} "
+                         "(e.g. --scale 1 --more code_completion=3)")
     entries = []
     for name, (base, fmt, rel, category) in DATASETS.items():
-        records = _records(name, max(1, round(base * scale)), seed)
+        records = _records(name, max(1, round(base * scale * more.get(name, 1.0))), seed)
         if rel.endswith(".parquet"):
             data = _parquet(records)
         else:
@@ -316,7 +323,8 @@ def write_demo_corpus(out: str, scale: float = 1, seed: int = 42, regenerate: tu
                         **({"regenerate": True} if name in regenerate else {})})
     import yaml
 
-    text = (f"# Demo corpus written by `eagle3 demo-data --scale {scale:g} --seed {seed}`.\n"
+    extra = "".join(f" --more {k}={v:g}" for k, v in sorted(more.items()))
+    text = (f"# Demo corpus written by `eagle3 demo-data --scale {scale:g} --seed {seed}{extra}`.\n"
             "# Answers are computed by code; long_reports plays the seed's A1 (few samples, many tokens).\n"
             + yaml.safe_dump({"datasets": entries}, sort_keys=False))
     manifest = storage.join(out, "manifest.yaml")
@@ -329,9 +337,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="multiply every dataset's sample count (default 1)")
     p.add_argument("--seed", type=int, default=42, help="seed of the generator (default 42)")
     p.add_argument("--regenerate", default="", help="comma-separated datasets to mark `regenerate: true`")
+    p.add_argument("--more", action="append", default=[], metavar="NAME=X",
+                   help="multiply one dataset's sample count by X on top of --scale (repeatable), e.g. "
+                        "--more code_completion=3")
+
+
+def parse_more(items: list[str]) -> dict[str, float]:
+    """--more NAME=X options as {name: factor}; a malformed one is an InputError naming it and the fix."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise InputError(f"--more {item!r}: write NAME=FACTOR, e.g. --more code_completion=3")
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     names = tuple(n for n in args.regenerate.split(",") if n)
-    print(write_demo_corpus(args.out, scale=args.scale, seed=args.seed, regenerate=names))
+    print(write_demo_corpus(args.out, scale=args.scale, seed=args.seed, regenerate=names,
+                            more=parse_more(args.more)))
     return 0

@@ -74,7 +74,8 @@ def test_demo_with_a_failed_gate_fails_and_says_why(airflow_home, tmp_path, tiny
     env = airflow_env(airflow_home, EAGLE3_TEST_PLANT="lossless_gate",
                       PYTHONPATH=f"{PLANT}:{REPO}")
     proc = subprocess.run([sys.executable, str(REPO / "demo" / "run_demo.py"), "--artifacts", str(root),
-                           "--scale", "0.02", "--model", tiny_llama_dir, "--conf", json.dumps(conf)],
+                           "--scale", "0.02", "--more-data", "off", "--model", tiny_llama_dir,
+                           "--conf", json.dumps(conf)],
                           env=env, capture_output=True, text=True, timeout=1200)
     out = proc.stdout
     assert proc.returncode == 1, out[-4000:] + proc.stderr[-3000:]

@@ -219,3 +219,45 @@ def test_code_completion_answers_pass_their_prompts_doctests():
         attempted += result.attempted
         names.add(name)
     assert attempted >= 1500 and len(names) > 1000  # made-up names: a draft must copy them, not memorize
+
+
+def test_more_multiplies_only_the_named_datasets_and_is_recorded(tmp_path):
+    from eagle3.demo.corpus import DATASETS, parse_more
+    from eagle3.errors import InputError
+
+    plain = load(Path(write_demo_corpus(str(tmp_path / "plain"), scale=0.05)).parent)
+    out = tmp_path / "more"
+    assert cli_main(["demo-data", "--out", str(out), "--scale", "0.05", "--more", "code_completion=3"]) == 0
+    more = load(out)
+    assert len(more["code_completion"]) == round(DATASETS["code_completion"][0] * 0.05 * 3) == 180
+    assert len(plain["code_completion"]) == 60
+    assert all(len(more[n]) == len(plain[n]) for n in DATASETS if n != "code_completion")
+    assert "--more code_completion=3`" in (out / "manifest.yaml").read_text()  # how it was written
+    assert parse_more(["a=2", "b=0.5"]) == {"a": 2.0, "b": 0.5}
+    for bad in ("code_completion", "code_completion=x", "=3"):
+        with pytest.raises(InputError, match="NAME=FACTOR"):
+            parse_more([bad])
+    with pytest.raises(InputError, match="unknown dataset"):
+        write_demo_corpus(str(tmp_path / "e"), scale=0.05, more={"nope": 2})
+    with pytest.raises(InputError, match="> 0"):
+        write_demo_corpus(str(tmp_path / "e"), scale=0.05, more={"code_completion": 0})
+
+
+def test_the_demo_writes_more_data_where_the_policy_picks_bf16():
+    """demo/run_demo.py --more-data auto follows the precision policy (a bf16 machine regenerates and extracts
+    ~2.5x faster), off writes the plain corpus on every machine."""
+    import sys
+
+    from eagle3.demo import settings
+    from eagle3.devices import Precision
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "demo"))
+    import run_demo
+
+    bf16 = Precision("bfloat16", "auto", "CPU flags amx_bf16")
+    fp32 = Precision("float32", "auto", "CPU has no bf16 matrix engine")
+    assert run_demo.more_data("auto", bf16) == (settings.MORE_ON_BF16, "this machine computes in bf16 (CPU flags "
+                                                                       "amx_bf16)")
+    assert settings.MORE_ON_BF16 and all(f > 1 for f in settings.MORE_ON_BF16.values())
+    assert run_demo.more_data("auto", fp32)[0] == {}
+    assert run_demo.more_data("off", bf16)[0] == {}
