@@ -207,7 +207,10 @@ class Trainer:
         self.dist.barrier()
 
     def _lr(self, step: int) -> float:
-        return lr_at(step, self.total_steps, self.cfg, self.budget.warmup if self.budget is not None else None)
+        if self.budget is None:
+            return lr_at(step, self.total_steps, self.cfg)
+        point, total = self.budget.schedule_point(step, self.total_steps)
+        return lr_at(point, total, self.cfg, self.budget.warmup)
 
     def _probing(self, grad: bool) -> bool:
         return grad and self.budget is not None and not self.budget.fixed and self.device.type == "cpu"

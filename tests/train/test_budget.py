@@ -214,6 +214,10 @@ def test_the_total_is_fixed_again_at_the_speed_of_the_cached_steps_hand_computed
     r = b.measured["refit"]
     assert (r["timed_steps"], r["tokens_per_s"], r["eval_seconds"], r["was_total"]) == (20, 125.0, 2.0, 199)
     assert b.refit_from is None and not b.refit_due(step + 50)  # once
+    # The learning rate: the first fix's cosine from step 27 on, squeezed from 172 steps into 99.
+    assert b.schedule_point(27, 126) == (27, 199) and b.schedule_point(10, 126) == (10, 199)
+    assert b.schedule_point(126, 126) == (199, 199)
+    assert b.schedule_point(76, 126) == (pytest.approx(27 + 49 * 172 / 99), 199)
     assert "refit at step 27" in b.describe() and "126 steps in all (was 199" in b.describe()
     assert TimeBudget.resume({"budget": b.to_dict()}, b_cfg := TrainConfig(store="s", vocab="v", out="o")).total_steps \
         == 126 and b_cfg  # the checkpoint keeps the refit total
@@ -269,6 +273,13 @@ def test_a_run_whose_later_steps_are_slower_ends_near_its_budget(monkeypatch, ti
     assert 0.85 * 20.0 < clock.now - start <= 1.05 * 20.0, (clock.now - start, got["steps"], refit)
     with open(checkpoint.latest_step_dir(str(tmp_path / "run")) + "/train_state.json") as f:
         assert json.load(f)["budget"]["measured"]["refit"] == refit
+    # The learning rate runs on without a jump at the refit and ends at the cosine's floor.
+    cfg = cfg_for(tiny_store, tmp_path, train_time_budget=20.0)
+    rows = read_metrics(str(tmp_path / "run" / "metrics.jsonl"), "train")
+    lrs = [r["lr"] for r in rows if r["step"] > got["budget"]["warmup"]]
+    drops = [a - b for a, b in zip(lrs, lrs[1:])]
+    assert min(drops) >= 0 and max(drops) < 2.5 * sorted(drops)[len(drops) // 2], drops
+    assert lr_at(got["steps"] - 1, got["steps"], cfg, got["budget"]["warmup"]) == pytest.approx(lrs[-1], rel=0.05)
     # Progress counts the samples of every epoch against the planned total (it read "2862/993 samples").
     done = [r.getMessage() for r in caplog.records if "done in" in r.getMessage()][-1]
     seen, planned = re.search(r"train: (\d+)/(\d+) samples", done).groups()
