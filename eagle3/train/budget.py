@@ -150,17 +150,8 @@ class TimeBudget:
         rate_seen = self._tokens / (timed_s - seen_s) if cached_from is not None else rate
         eval_s = heldout_tokens * EVAL_COST_PER_TOKEN / max(rate, 1e-9)
         left = self.seconds - elapsed - eval_s  # the final evaluation always runs
-        planned, n = 0.0, 0
-        for tokens in future_tokens:
-            if self.max_steps and step + n >= self.max_steps:
-                break
-            cost = tokens / max(rate_seen if cached_from is not None and n >= cached_from else rate, 1e-9)
-            if self.eval_every and (step + n + 1) % self.eval_every == 0:
-                cost += eval_s
-            if planned + cost > left:
-                break
-            planned += cost
-            n += 1
+        n, planned = self._walk(step, future_tokens, left, eval_s, lambda i, tokens: tokens / max(
+            rate_seen if cached_from is not None and i >= cached_from else rate, 1e-9))
         self.total_steps, self.fixed = step + n, True
         refit_from = step + (cached_from or 0)
         self.refit_from = refit_from if refit_from + BUDGET_REFIT_STEPS < self.total_steps else None
@@ -171,6 +162,20 @@ class TimeBudget:
                          "tokens_per_s_seen": round(rate_seen, 1), "fixed_at_step": step,
                          "elapsed_s": round(elapsed, 3), "planned_seconds": round(planned + eval_s, 3)}
         return self.total_steps
+
+    def _walk(self, step: int, future_tokens: Iterable[int], left: float, eval_s: float, cost) -> tuple[int, float]:
+        """(steps, seconds) of the plan's next steps that fit in ``left`` seconds: ``cost(i, tokens)`` prices the
+        i-th, an evaluation of ``eval_s`` follows every eval_every-th; max_steps caps."""
+        planned, n = 0.0, 0
+        for tokens in future_tokens:
+            if self.max_steps and step + n >= self.max_steps:
+                break
+            c = cost(n, tokens) + (eval_s if self.eval_every and (step + n + 1) % self.eval_every == 0 else 0.0)
+            if planned + c > left:
+                break
+            planned += c
+            n += 1
+        return n, planned
 
     def refit_due(self, step: int) -> bool:
         """Whether the steps timed for `refit` by the last `record` are enough (it is due once)."""
@@ -186,16 +191,8 @@ class TimeBudget:
         rate = tokens / timed_s
         eval_s = (sum(self._eval_s) / len(self._eval_s) if self._eval_s
                   else heldout_tokens * EVAL_COST_PER_TOKEN / max(rate, 1e-9))
-        left = self.seconds - elapsed - eval_s
-        planned, n = 0.0, 0
-        for t in future_tokens:
-            if self.max_steps and step + n >= self.max_steps:
-                break
-            cost = t / rate + (eval_s if self.eval_every and (step + n + 1) % self.eval_every == 0 else 0.0)
-            if planned + cost > left:
-                break
-            planned += cost
-            n += 1
+        n, planned = self._walk(step, future_tokens, self.seconds - elapsed - eval_s, eval_s,
+                                lambda i, tokens: tokens / max(rate, 1e-9))
         self.refit_from = None
         self.measured["refit"] = {"at_step": step, "timed_steps": step - first,
                                   "timed_seconds": round(timed_s, 3), "tokens_per_s": round(rate, 1),
