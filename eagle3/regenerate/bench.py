@@ -23,7 +23,7 @@ import time
 import yaml
 
 from eagle3 import storage
-from eagle3.regenerate.stage import RegenerateConfig, regenerate
+from eagle3.regenerate import RegenerateConfig, regenerate
 
 
 def _subset_manifest(manifest: str, dataset: str, samples: int, out: str) -> str:
