@@ -74,17 +74,22 @@ def smol_draft(smollm2_dir, tmp_path_factory, make_draft):
 
 @pytest.mark.slow
 def test_bf16_forced_on_smollm2_is_exact_up_to_tie_flips(smollm2_dir, tmp_path, smol_draft):
-    """bf16 forced (on any machine: only slower without a matrix engine), 10 HumanEval prompts of 64 tokens."""
-    report, error = _evaluate(smollm2_dir, tmp_path, smol_draft, "bfloat16", 10, 64)
+    """bf16 forced (on any machine), HumanEval prompts of 64 tokens: 10 where the machine has a bf16 matrix engine
+    (the path its policy picks, where tie flips were first seen), 5 where bf16 is emulated (no such engine: 10 took
+    246 s of a 30-min CI on an AVX2 machine)."""
+    from eagle3.devices import resolve_precision
+
+    prompts = 10 if resolve_precision().name == "bfloat16" else 5
+    report, error = _evaluate(smollm2_dir, tmp_path, smol_draft, "bfloat16", prompts, 64)
     v = report["lossless_verdict"]
     assert report["precision"]["name"] == "bfloat16" and report["dtype"] == "bfloat16"
     assert error is None and v["passed"] and report["lossless"], v
     assert v["text"] == "exact" or v["text"].startswith("exact up to ") and v["text"].endswith("(bf16)")
-    assert v["exact_prompts"] + len(v["tie_flips"]) == v["prompts"] == 10
+    assert v["exact_prompts"] + len(v["tie_flips"]) == v["prompts"] == prompts
     for t in v["tie_flips"]:  # each one re-scored, and within the rounding measured at its prefix
         assert abs(t["margin_fp32"]) <= t["tolerance"] < 2.0  # bf16 rounding of SmolLM2 logits (~10-30)
         assert t["fp32_argmax"] in (t["baseline_token"], t["speculative_token"]) or t["noise"] > 0
-    print(f"\nbf16 SmolLM2, 10x64: {v['text']}; tie flips "
+    print(f"\nbf16 SmolLM2, {prompts}x64: {v['text']}; tie flips "
           f"{[(t['id'], t['position'], round(t['margin_fp32'], 4), round(t['tolerance'], 4)) for t in v['tie_flips']]}")
 
 
