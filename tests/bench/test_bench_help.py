@@ -32,8 +32,7 @@ def test_bench_help(argv):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout
     name = argv[-1].rsplit("/", 1)[-1].removesuffix(".py")
-    program = re.escape(name) if argv[0] == "-m" else r"bench/(" + re.escape(name) + r")\.py"
-    shown = documented_flags(program if argv[0] != "-m" else "(" + program + ")")
+    shown = documented_flags("(" + re.escape(name) + ")" if argv[0] == "-m" else r"bench/(" + re.escape(name) + r")\.py")
     missing = [f"{doc}:{line}: {flag}" for doc, line, _, flag in shown
                if not re.search(r"(?<![\w-])" + re.escape(flag) + r"(?![\w-])", done.stdout)]
     assert not missing, f"documented flags {name} --help does not list:\n" + "\n".join(missing)

@@ -77,9 +77,9 @@ def test_bf16_forced_on_smollm2_is_exact_up_to_tie_flips(smollm2_dir, tmp_path, 
     """bf16 forced (on any machine), HumanEval prompts of 64 tokens: 10 where the machine has a bf16 matrix engine
     (the path its policy picks, where tie flips were first seen), 5 where bf16 is emulated (no such engine: 10 took
     246 s of a 30-min CI on an AVX2 machine)."""
-    from eagle3.devices import resolve_precision
+    from eagle3.devices import BF16_CPU_FLAGS, cpu_flags
 
-    prompts = 10 if resolve_precision().name == "bfloat16" else 5
+    prompts = 10 if set(BF16_CPU_FLAGS) & cpu_flags() else 5  # the machine's engine, not $EAGLE3_PRECISION
     report, error = _evaluate(smollm2_dir, tmp_path, smol_draft, "bfloat16", prompts, 64)
     v = report["lossless_verdict"]
     assert report["precision"]["name"] == "bfloat16" and report["dtype"] == "bfloat16"
