@@ -29,18 +29,27 @@ SHOWN = ("[DAG TEST] running task", "ETA", "done in", "Marking task as", "ERROR"
          "acceptance")
 
 
-def more_data(mode: str, precision=None) -> tuple[dict[str, float], str]:
-    """The `demo-data --more` factors and why: settings.MORE_ON_BF16 when ``mode`` is auto and the machine's
-    precision policy (``precision``, else resolved here for the default device) picks bf16; none for off."""
+def more_data(mode: str, precision=None, bf16_gflops=...) -> tuple[dict[str, float], str]:
+    """The `demo-data --more` factors and why: when ``mode`` is auto and the machine's precision policy
+    (``precision``, else resolved here for the default device) picks bf16, settings.MORE_ON_BF16 sized by
+    `settings.more_factors` to the CPU's bf16 rate (``bf16_gflops``, else the policy's cached probe; None on a
+    GPU); none for off."""
     if mode == "off":
         return {}, "--more-data off"
-    if precision is None:
-        from eagle3.devices import resolve_device, resolve_precision
+    from eagle3.devices import cpu_probe, resolve_device, resolve_precision
 
-        precision = resolve_precision("auto", resolve_device("auto"))
-    if precision.bf16:
-        return dict(settings.MORE_ON_BF16), f"this machine computes in bf16 ({precision.reason})"
-    return {}, f"this machine computes in fp32 ({precision.reason})"
+    device = resolve_device("auto")
+    if precision is None:
+        precision = resolve_precision("auto", device)
+    if not precision.bf16:
+        return {}, f"this machine computes in fp32 ({precision.reason})"
+    if bf16_gflops is ...:
+        probe = cpu_probe() if device == "cpu" else None
+        bf16_gflops = probe["bfloat16"] if probe else None
+    more = settings.more_factors(bf16_gflops)
+    rate = "" if bf16_gflops is None else (f"; bf16 at {bf16_gflops:.0f} GFLOP/s buys one more copy per "
+                                           f"{settings.MORE_GFLOPS_PER_X:.0f}")
+    return more, f"this machine computes in bf16 ({precision.reason}{rate})"
 
 
 def write_corpus(artifacts: Path, scale: float, env: dict, more: dict[str, float]) -> Path:
@@ -64,7 +73,7 @@ def main() -> int:
     ap.add_argument("--data-only", action="store_true", help="write the demo corpus (if missing) and stop")
     ap.add_argument("--more-data", choices=("auto", "off"), default="auto",
                     help="auto: more samples of the datasets in eagle3.demo.settings.MORE_ON_BF16 where the "
-                         "precision policy picks bf16 (those machines regenerate and extract ~2.5x faster); off: "
+                         "precision policy picks bf16, sized to the CPU's measured bf16 rate (more_factors); off: "
                          "the same corpus on every machine")
     ap.add_argument("--compare", default=",".join(settings.COMPARE),
                     help="after the run, train its draft again with one setting changed for the same steps and "
@@ -85,8 +94,8 @@ def main() -> int:
            "EAGLE3_MANIFEST": settings.manifest_path(str(artifacts)), "EAGLE3_RETRY_DELAY_S": "5",
            "EAGLE3_OOM_RETRY_DELAY_S": "2"}
     more, why = more_data(args.more_data)
-    if more:
-        print("demo corpus: " + ", ".join(f"{k} x{v:g}" for k, v in more.items()) + f": {why}", flush=True)
+    print("demo corpus: " + (", ".join(f"{k} x{v:g}" for k, v in more.items()) or "plain") + f": {why}",
+          flush=True)
     if args.data_only:
         if not Path(settings.manifest_path(str(artifacts))).exists():
             write_corpus(artifacts, args.scale, env, more)

@@ -312,6 +312,17 @@ def _cached_cpu_probe(workload: str = "matmul") -> dict[str, float]:
     return cache[key]
 
 
+def probing() -> bool:
+    """Whether the CPU probes may run ($EAGLE3_PRECISION_PROBE=0 turns them off: the flags decide alone)."""
+    return os.environ.get(PROBE_ENV, "1").strip() != "0"
+
+
+def cpu_probe(workload: str = "matmul") -> dict[str, float] | None:
+    """{float32, bfloat16: GFLOP/s per CPU-second} of the policy's cached probe of ``workload``, or None when
+    probing is off (`probing`)."""
+    return _cached_cpu_probe(workload) if probing() else None
+
+
 def resolve_precision(requested: str = "auto", device: str = "cpu", workload: str = "matmul") -> Precision:
     """The compute precision of a stage running on ``device`` (a resolved device: cpu, cuda or cuda:<i>).
 
@@ -334,7 +345,7 @@ def resolve_precision(requested: str = "auto", device: str = "cpu", workload: st
         cap = torch.cuda.get_device_capability(torch.device(device))
         name = "bfloat16" if tuple(cap) >= CUDA_BF16_CAPABILITY else "float32"
         return Precision(name, requested, f"CUDA capability sm{cap[0]}{cap[1]} (bf16 from sm80)")
-    probe = None if os.environ.get(PROBE_ENV, "1").strip() == "0" else (lambda: _cached_cpu_probe(workload))
+    probe = (lambda: _cached_cpu_probe(workload)) if probing() else None
     name, reason = cpu_precision(cpu_flags(), probe, workload)
     return Precision(name, requested, reason)
 

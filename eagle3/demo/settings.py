@@ -42,12 +42,29 @@ PARAMS: dict = {
 SCALE = 0.15
 """Demo corpus size multiplier (`eagle3 demo-data --scale`)."""
 MORE_ON_BF16: dict[str, float] = {"code_completion": 3.0}
-"""Sample-count factors (`eagle3 demo-data --more`) the demo applies on a machine whose precision policy picks bf16
-(eagle3.devices.resolve_precision: a CPU with a bf16 matrix engine, or a CUDA GPU). There vLLM regenerates at
-~500 tok/s and extraction runs at ~1,800 (180 and 750 on AVX2, fp32), so the minutes such a machine saves go to
-more HumanEval-shaped data instead of more epochs over the same: on the AVX512-BF16 machine of session 13,
-HumanEval τ 2.17 -> 2.27 (20 prompts, paired 95% interval [+0.05, +0.17]) with 1.1 min less training (README
-"The demo"). `demo/run_demo.py --more-data off` writes the plain corpus."""
+"""The most sample-count factors (`eagle3 demo-data --more`) the demo applies on a machine whose precision policy
+picks bf16 (eagle3.devices.resolve_precision: a CPU with a bf16 matrix engine, or a CUDA GPU), sized to its speed
+by `more_factors`. Such a machine regenerates and extracts faster, so the minutes it saves go to more
+HumanEval-shaped data instead of more epochs over the same: on the AVX512-BF16 machine of session 13, HumanEval
+τ 2.17 -> 2.27 (20 prompts, paired 95% interval [+0.05, +0.17]) with 1.1 min less training; 5x was no better
+(README "The demo"). `demo/run_demo.py --more-data off` writes the plain corpus."""
+MORE_GFLOPS_PER_X = 250.0
+"""bf16 torch.mm GFLOP/s per CPU-second (the precision probe's) that pay for one more copy of a dataset in
+MORE_ON_BF16: regenerating and extracting 180 more `code_completion` samples cost ~35 s on session 13's machine
+(bf16 756 GFLOP/s: 3x, the demo 10.3-10.7 min) but ~108 s on session 15's (408 GFLOP/s: vLLM regenerated at
+265 tok/s, extraction 931 tok/s), where 3x took the demo to 15.1 min."""
+
+
+def more_factors(bf16_gflops: float | None) -> dict[str, float]:
+    """MORE_ON_BF16 sized to a machine whose bf16 torch.mm runs at ``bf16_gflops`` (None: unmeasured, a GPU or
+    the probe turned off, gets MORE_ON_BF16 as is): each factor round(bf16_gflops / MORE_GFLOPS_PER_X), at
+    least 1 and at most its MORE_ON_BF16 value; factors of 1 are left out."""
+    if bf16_gflops is None:
+        return dict(MORE_ON_BF16)
+    sized = {k: float(min(v, max(1, round(bf16_gflops / MORE_GFLOPS_PER_X)))) for k, v in MORE_ON_BF16.items()}
+    return {k: v for k, v in sized.items() if v > 1}
+
+
 REGENERATED = ("coding", "code_completion", "chat", "instructions")
 """Datasets whose answers SmolLM2 regenerates before tokenizing (so the draft learns its own code and prose)."""
 COMPARE: tuple[str, ...] = ()

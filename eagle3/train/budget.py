@@ -17,9 +17,10 @@ Four steps price the rest of a run roughly: on one CPU process the steps after t
 sample's in-draft mask from a cache, and `fix` prices them from the share of the timed seconds the masks took,
 which over- or underestimates them by up to a quarter (a demo planned 315 s and ran 393). So once
 BUDGET_REFIT_STEPS steps and BUDGET_REFIT_SHARE of the budget of the kind that fills the rest of the run (after
-the first epoch where it caches, else any) have been timed, `refit` fixes the total a second and last time at
-their measured rate, evaluations at their measured cost. The rest of the first fix's cosine then runs over the
-steps left (`schedule_point`): no jump in the learning rate at the refit (re-evaluating the cosine at the new
+the first epoch where it caches, else any; the first epoch's when it is most of the run left, the cached
+steps after it then priced at the first fix's ratio) have been timed, `refit` fixes the total a second and last
+time at their measured rate, evaluations at their measured cost. The rest of the first fix's cosine then runs
+over the steps left (`schedule_point`): no jump in the learning rate at the refit (re-evaluating the cosine at the new
 total would have dropped it from 0.83 to 0.66 of the peak in a demo). A run resumed before the refit times its
 own steps for it (`refit_from` is saved); one resumed after keeps the saved total and the same curve.
 `TrainConfig.train_deadline` stretches the budget to a wall-clock time (`budget_seconds`); the DAG computes it
@@ -35,6 +36,27 @@ from typing import Iterable
 from eagle3.train.config import BUDGET_PROBE_STEPS, BUDGET_REFIT_SHARE, BUDGET_REFIT_STEPS, TrainConfig, warmup_steps
 
 EVAL_COST_PER_TOKEN = 1 / 3  # an evaluation runs the TTT forward only: about a third of a training step
+
+
+def step_cost(steps: list[tuple[int, float]]) -> tuple[float, float]:
+    """(seconds per step, seconds per real token) fitted to timed ``steps`` of (real tokens, seconds) by least
+    squares, both >= 0: a step costs more than its tokens (the optimizer, the TTT loop's small ops, padding), so
+    pricing by tokens/s alone misjudged a run whose timed steps held more tokens than the rest (a 150-s budget
+    ran 176 s). All steps of one size (or too few): proportional to tokens."""
+    n = len(steps)
+    total_t, total_s = sum(t for t, _ in steps), sum(s for _, s in steps)
+    proportional = (0.0, total_s / max(total_t, 1e-9))
+    if n < 2:
+        return proportional
+    mean_t, mean_s = total_t / n, total_s / n
+    var = sum((t - mean_t) ** 2 for t, _ in steps)
+    if var <= 1e-9 * max(mean_t, 1.0) ** 2 * n:
+        return proportional
+    b = sum((t - mean_t) * (s - mean_s) for t, s in steps) / var
+    if b <= 0:  # time does not grow with tokens here: a cost per step
+        return mean_s, 0.0
+    a = mean_s - b * mean_t
+    return (a, b) if a >= 0 else proportional
 
 
 def run_deadline(run_start: float, run_time_budget: float, after_train_reserve: float) -> float:
@@ -70,12 +92,19 @@ class TimeBudget:
     refit_from: int | None = None
     """The step after which steps are timed for `refit` (None: no refit to come). Saved: a run resumed before
     the refit times its own steps for it, as one resumed before the fix does."""
+    cached_at: int | None = None
+    """When the refit times first-epoch steps (most of the run left is its first epoch): the first step whose
+    samples' in-draft masks are cached; the refit prices those steps at its measured rate times
+    ``cached_speedup``, the ratio the first fix measured."""
+    cached_speedup: float = 1.0
     _from: tuple[int, int, float] | None = None  # (step, tokens so far, elapsed) at the first timed step's start
     _tokens: int = 0
     _first_sight: float = 0.0  # seconds of the timed steps spent on first-seen samples' in-draft masks
     _window: tuple[int, int, float] | None = None  # (step, tokens since, elapsed) where the refit's timing began
     _eval_s: list = field(default_factory=list)  # seconds of each evaluation run since the total was fixed
     _eval_in_window: float = 0.0
+    _steps: list = field(default_factory=list)  # (real tokens, seconds) of each step timed for the refit
+    _eval_pending: float = 0.0  # evaluation seconds inside the next step's interval (not the step's cost)
     _last: float = 0.0  # elapsed at the last `record`
 
     @classmethod
@@ -102,13 +131,15 @@ class TimeBudget:
     # -- timing -------------------------------------------------------------------------------
     def record(self, step: int, tokens: int, elapsed: float) -> None:
         """After optimizer step ``step`` (1-based) of ``tokens`` real tokens, at ``elapsed`` s into the run."""
-        self._last = elapsed
+        last, self._last = self._last, elapsed
         if self.fixed:
             if self.refit_from is not None and step >= self.refit_from:
                 if self._window is None:  # timing starts when this step ends (a resumed process's first step
                     self._window = (step, 0, elapsed)  # pays set-up: not timed either)
                 else:
                     self._window = (self._window[0], self._window[1] + tokens, self._window[2])
+                    self._steps.append((tokens, max(elapsed - last - self._eval_pending, 0.0)))
+            self._eval_pending = 0.0
             return
         if self._from is None:  # this process's first step: set-up, not timed
             self._from = (step, 0, elapsed)
@@ -122,6 +153,7 @@ class TimeBudget:
             self._eval_s.append(seconds)
             if self._window is not None:
                 self._eval_in_window += seconds
+                self._eval_pending += seconds
 
     def record_first_sight(self, seconds: float) -> None:
         """Seconds of a timed step spent on what only a sample's first micro-batch computes (the in-draft mask,
@@ -154,6 +186,10 @@ class TimeBudget:
             rate_seen if cached_from is not None and i >= cached_from else rate, 1e-9))
         self.total_steps, self.fixed = step + n, True
         refit_from = step + (cached_from or 0)
+        if cached_from and 2 * cached_from >= n:
+            # Most of the run left is its first epoch (a short budget): time those steps, and price the cached
+            # ones after them at the ratio measured here (a demo's 150-s budget ran 177 s refitting only those).
+            refit_from, self.cached_at, self.cached_speedup = step, step + cached_from, rate_seen / max(rate, 1e-9)
         self.refit_from = refit_from if refit_from + BUDGET_REFIT_STEPS < self.total_steps else None
         if self.refit_from == step:  # this step just ended: the refit's timing starts now
             self._window = (step, 0, elapsed)
@@ -191,11 +227,17 @@ class TimeBudget:
         rate = tokens / timed_s
         eval_s = (sum(self._eval_s) / len(self._eval_s) if self._eval_s
                   else heldout_tokens * EVAL_COST_PER_TOKEN / max(rate, 1e-9))
-        n, planned = self._walk(step, future_tokens, self.seconds - elapsed - eval_s, eval_s,
-                                lambda i, tokens: tokens / max(rate, 1e-9))
+        fixed_s, per_token = step_cost(self._steps) if self._steps else (0.0, 1 / max(rate, 1e-9))
+
+        def cost(i: int, tokens: int) -> float:
+            cached = self.cached_at is not None and step + i >= self.cached_at
+            return (fixed_s + per_token * tokens) / (self.cached_speedup if cached else 1.0)
+
+        n, planned = self._walk(step, future_tokens, self.seconds - elapsed - eval_s, eval_s, cost)
         self.refit_from = None
         self.measured["refit"] = {"at_step": step, "timed_steps": step - first,
                                   "timed_seconds": round(timed_s, 3), "tokens_per_s": round(rate, 1),
+                                  "seconds_per_step": round(fixed_s, 4), "seconds_per_token": float(f"{per_token:.4g}"),
                                   "eval_seconds": round(eval_s, 3), "elapsed_s": round(elapsed, 3),
                                   "planned_seconds": round(planned + eval_s, 3), "was_total": self.total_steps}
         self.total_steps = step + n

@@ -14,8 +14,9 @@ import torch
 from eagle3 import checkpoint
 from eagle3.checkpoint import read_metrics
 from eagle3.errors import InputError
+from eagle3.train import budget as budget_mod
 from eagle3.train import loop
-from eagle3.train.budget import EVAL_COST_PER_TOKEN, TimeBudget, budget_seconds, run_deadline
+from eagle3.train.budget import EVAL_COST_PER_TOKEN, TimeBudget, budget_seconds, run_deadline, step_cost
 from eagle3.train.config import BUDGET_PROBE_STEPS, BUDGET_REFIT_SHARE, BUDGET_REFIT_STEPS, TrainConfig, lr_at
 from tests.train.test_loop import cfg_for, losses
 
@@ -127,14 +128,17 @@ def test_a_faster_machine_trains_more_steps_in_the_same_budget(monkeypatch, tiny
     # 4x the speed: about 4x the steps (the timed steps are spent either way)
     assert fast["steps"] > 3 * slow["steps"] > 3 * BUDGET_PROBE_STEPS, (slow["steps"], fast["steps"])
     assert fast["epoch"] >= 1  # (0-based) epochs=1 is ignored: the budget runs as many epochs as fit
-    # The schedule is a cosine over the fixed total: the last step runs at about min_lr_ratio x lr.
+    # The schedule is a cosine over the fixed total (after a refit, the rest of the first fix's cosine over the
+    # steps left: `schedule_point`): the last step runs at about min_lr_ratio x lr.
     rows = read_metrics(str(tmp_path / "fast" / "metrics.jsonl"), "train")
     cfg = cfg_for(tiny_store, tmp_path, train_time_budget=10.0)
-    warm = fast["budget"]["warmup"]
-    assert [r["lr"] for r in rows] == pytest.approx([lr_at(r["step"] - 1, fast["steps"], cfg, warm) for r in rows])
     with open(checkpoint.latest_step_dir(str(tmp_path / "fast")) + "/train_state.json") as f:
         state = json.load(f)
     assert state["budget"]["total_steps"] == state["total_steps"] == fast["steps"]
+    budget = TimeBudget.resume(state, cfg)
+    assert [r["lr"] for r in rows] == pytest.approx(
+        [lr_at(*budget.schedule_point(r["step"] - 1, fast["steps"]), cfg, budget.warmup) for r in rows])
+    assert rows[-1]["lr"] == pytest.approx(lr_at(fast["steps"] - 1, fast["steps"], cfg, budget.warmup), rel=0.05)
 
 
 @pytest.mark.parametrize("cap", [1, 2, BUDGET_PROBE_STEPS + 2])
@@ -149,8 +153,10 @@ def test_max_steps_caps_a_budget_run_also_while_it_times(monkeypatch, tiny_store
 
 def test_max_steps_at_another_runs_fixed_count_gives_its_schedule(monkeypatch, tiny_store, tmp_path):
     """The demo's engine comparison trains a second draft for the first one's step count under a budget that
-    does not bind: same warm-up, same total, hence the same learning rates and the same loss curve."""
+    does not bind: same warm-up, same total, hence the same learning rates and the same loss curve. (Not after a
+    refit: max_steps runs the plain cosine, not the first run's squeezed one; no refit here.)"""
     torch.set_num_threads(1)
+    monkeypatch.setattr(budget_mod, "BUDGET_REFIT_STEPS", 10**6)
     ref = _budget_run(monkeypatch, tiny_store, tmp_path / "ref", dt=0.125)
     assert BUDGET_PROBE_STEPS + 2 < ref["steps"] < ref["budget"]["warmup"] * 50
     again = _budget_run(monkeypatch, tiny_store, tmp_path / "again", dt=0.5, budget=1e6, max_steps=ref["steps"])
@@ -164,8 +170,9 @@ def test_max_steps_at_another_runs_fixed_count_gives_its_schedule(monkeypatch, t
 def test_a_resumed_budget_run_keeps_the_fixed_steps_and_the_curve(monkeypatch, tiny_store, tmp_path):
     torch.set_num_threads(1)
     ref = _budget_run(monkeypatch, tiny_store, tmp_path / "ref", dt=0.125, save_every=1, keep=1000)
-    assert ref["steps"] > BUDGET_PROBE_STEPS + 4
-    k = BUDGET_PROBE_STEPS + 3  # after the total was fixed
+    refit = ref["budget"]["measured"].get("refit")
+    k = refit["at_step"] + 1 if refit else BUDGET_PROBE_STEPS + 3  # after the total was fixed the last time
+    assert ref["steps"] > k + 1
     out = tmp_path / "resumed"
     shutil.copytree(tmp_path / "ref", out)
     for d in out.glob("step-*"):
@@ -244,6 +251,69 @@ def test_a_run_resumed_before_the_refit_times_its_own_steps_for_it():
     # tok/s) = 916.6 s: 229 steps of 4 s.
     assert again.refit(step, 83.0, iter([1000] * 1000), heldout_tokens=300) == step + 229
     assert again.measured["refit"]["tokens_per_s"] == 250.0
+
+
+def test_a_run_that_is_mostly_its_first_epoch_is_refit_on_first_epoch_steps_hand_computed():
+    """A short budget is mostly first-epoch steps: waiting for cached ones to refit let a demo's 150-s budget run
+    177 s (the first epoch ran at 915 tok/s, its 4 probed steps at 1,156). The refit times the first-epoch steps
+    from the fix on and prices the cached ones after them at the first fix's ratio."""
+    b = _probed(1000.0)  # 100 tok/s as timed, 200 without first sights: cached steps 2x as fast
+    # 982 s left: 80 first-epoch steps of 10 s (800 s), then 36 cached ones of 5 s (180 s).
+    assert b.fix(5, 17.0, iter([1000] * 1000), heldout_tokens=300, cached_from=80) == 5 + 80 + 36
+    assert (b.refit_from, b.cached_at, b.cached_speedup) == (5, 85, 2.0)  # timed from now on
+    elapsed = 17.0
+    for step in range(6, 6 + BUDGET_REFIT_STEPS):  # the first epoch runs at 11 s a step, not 10
+        assert not b.refit_due(step - 1)
+        elapsed += 11.0
+        b.record(step, 1000, elapsed)
+    step = 5 + BUDGET_REFIT_STEPS
+    assert b.refit_due(step) and elapsed == 237.0
+    # 1000/11 tok/s; the final evaluation 300 / 3 / (1000/11) = 1.1 s; 761.9 s left: the 60 first-epoch steps
+    # still to run (26..85) take 660 s, then cached steps of 5.5 s (the 2x measured at the fix): 18 in 99 s.
+    assert b.refit(step, elapsed, iter([1000] * 1000), heldout_tokens=300) == step + 60 + 18
+    assert b.measured["refit"]["planned_seconds"] == pytest.approx(660 + 99 + 1.1)
+    again = TimeBudget.resume({"budget": b.to_dict()}, TrainConfig(store="s", vocab="v", out="o"))
+    assert (again.total_steps, again.cached_at, again.cached_speedup, again.refit_from) == (103, 85, 2.0, None)
+    # Where the cached steps are most of the run left, the refit still waits for them (as before).
+    late = _probed(1000.0)
+    late.fix(5, 17.0, iter([1000] * 1000), heldout_tokens=300, cached_from=2)
+    assert (late.refit_from, late.cached_at) == (7, None)
+
+
+def test_a_step_costs_more_than_its_tokens_hand_computed():
+    """Least squares of seconds on real tokens, both terms >= 0 (eagle3.train.budget.step_cost)."""
+    assert step_cost([(100, 0.3), (300, 0.5)]) == pytest.approx((0.2, 0.001))  # 0.2 s a step + 1 ms a token
+    assert step_cost([(100, 0.4), (300, 0.4)]) == (0.4, 0.0)  # time does not follow tokens: per step
+    assert step_cost([(100, 0.05), (300, 0.45)]) == (0.0, pytest.approx(0.5 / 400))  # no negative overhead
+    assert step_cost([(1000, 8.0)] * 3) == (0.0, 0.008)  # one size: proportional, as before
+    assert step_cost([(1000, 8.0)]) == (0.0, 0.008)
+
+
+def test_the_refit_prices_a_step_by_its_fixed_cost_not_its_tokens_alone_hand_computed():
+    """Steps cost 0.5 s whatever their tokens (a demo's did: 184 and 500 real tokens, ~0.41 s each). Timed on
+    steps of 400 and 600 tokens, the rest (200-token steps) priced at tokens/s would run 2.3x the budget."""
+    cfg = TrainConfig(store="s", vocab="v", out="o", train_time_budget=100.1, eval_every=0, warmup_ratio=0.1)
+    b = TimeBudget.start(cfg, provisional_total=80)
+    b.record(1, 500, 1.0)
+    for step in range(2, 2 + BUDGET_PROBE_STEPS):
+        b.record(step, 500, 1.0 + 0.5 * (step - 1))
+    future = [400, 600] * 10 + [200] * 1000
+    # 1000 tok/s; 97.1 s left: the 20 mixed steps in 10 s, then 435 steps of 0.2 s.
+    assert b.fix(5, 3.0, iter(future), heldout_tokens=0) == 5 + 20 + 435 and b.refit_from == 5
+    elapsed = 3.0
+    for step in range(6, 6 + BUDGET_REFIT_STEPS):
+        elapsed += 0.5
+        b.record(step, future[step - 6], elapsed)
+        if step == 10:
+            b.record_eval(2.0)  # inside the next step's interval: not that step's cost
+            elapsed += 2.0
+    step = 5 + BUDGET_REFIT_STEPS
+    assert b.refit_due(step) and elapsed == 15.0
+    # 0.5 s a step, 0 a token; the final evaluation 2 s (the one measured): 83.1 s left, 166 steps.
+    assert b.refit(step, elapsed, iter([200] * 1000), heldout_tokens=0) == step + 166
+    r = b.measured["refit"]
+    assert (r["seconds_per_step"], r["seconds_per_token"], r["tokens_per_s"], r["eval_seconds"]) == (0.5, 0.0, 1000.0,
+                                                                                                    2.0)
 
 
 class _SlowingClock(_Clock):
