@@ -18,11 +18,14 @@ sample's in-draft mask from a cache, and `fix` prices them from the share of the
 which over- or underestimates them by up to a quarter (a demo planned 315 s and ran 393). So once
 BUDGET_REFIT_STEPS steps and BUDGET_REFIT_SHARE of the budget of the kind that fills the rest of the run (after
 the first epoch where it caches, else any; the first epoch's when it is most of the run left, the cached
-steps after it then priced at the first fix's ratio) have been timed, `refit` fixes the total a second and last
-time at their measured rate, evaluations at their measured cost. The rest of the first fix's cosine then runs
-over the steps left (`schedule_point`): no jump in the learning rate at the refit (re-evaluating the cosine at the new
-total would have dropped it from 0.83 to 0.66 of the peak in a demo). A run resumed before the refit times its
-own steps for it (`refit_from` is saved); one resumed after keeps the saved total and the same curve.
+steps after it then priced at the first fix's ratio) have been timed, `refit` fixes the total a second time at
+their measured rate, evaluations at their measured cost. The rest of the first fix's cosine then runs over the
+steps left (`schedule_point`): no jump in the learning rate at the refit (re-evaluating the cosine at the new
+total would have dropped it from 0.83 to 0.66 of the peak in a demo). After the refit every window of as many
+steps checks the plan again at those steps' speed, and re-plans (`measured["replans"]`, the cosine squeezed or
+stretched once more) only where its end would miss the budget's by more than BUDGET_DRIFT of it: load that came
+after the refit let a demo's 169-s budget run 224 s. A run resumed before the refit times its own steps for it
+(`refit_from` is saved); one resumed after keeps the saved total and the same curve, and checks it as above.
 `TrainConfig.train_deadline` stretches the budget to a wall-clock time (`budget_seconds`); the DAG computes it
 from the run's start, `run_time_budget` and `after_train_reserve` (`run_deadline`). Torch-free.
 """
@@ -31,9 +34,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from itertools import islice, tee
 from typing import Iterable
 
-from eagle3.train.config import BUDGET_PROBE_STEPS, BUDGET_REFIT_SHARE, BUDGET_REFIT_STEPS, TrainConfig, warmup_steps
+from eagle3.train.config import (BUDGET_DRIFT, BUDGET_PROBE_STEPS, BUDGET_REFIT_SHARE, BUDGET_REFIT_STEPS, TrainConfig,
+                                  warmup_steps)
 
 EVAL_COST_PER_TOKEN = 1 / 3  # an evaluation runs the TTT forward only: about a third of a training step
 
@@ -106,6 +111,7 @@ class TimeBudget:
     _steps: list = field(default_factory=list)  # (real tokens, seconds) of each step timed for the refit
     _eval_pending: float = 0.0  # evaluation seconds inside the next step's interval (not the step's cost)
     _last: float = 0.0  # elapsed at the last `record`
+    _check: dict | None = None  # a re-plan `refit` proposed, recorded by `agree` if the ranks' total changes
 
     @classmethod
     def start(cls, cfg: TrainConfig, provisional_total: int, now: float | None = None) -> "TimeBudget | None":
@@ -133,18 +139,33 @@ class TimeBudget:
         """After optimizer step ``step`` (1-based) of ``tokens`` real tokens, at ``elapsed`` s into the run."""
         last, self._last = self._last, elapsed
         if self.fixed:
-            if self.refit_from is not None and step >= self.refit_from:
+            if self.refit_from is not None and step >= self.refit_from or self.refitted:
                 if self._window is None:  # timing starts when this step ends (a resumed process's first step
-                    self._window = (step, 0, elapsed)  # pays set-up: not timed either)
+                    self._restart(step, elapsed)  # pays set-up: not timed either)
                 else:
                     self._window = (self._window[0], self._window[1] + tokens, self._window[2])
                     self._steps.append((tokens, max(elapsed - last - self._eval_pending, 0.0)))
+                    if self.refitted and step == self.cached_at:  # the first epoch ends: time cached steps alone
+                        self._restart(step, elapsed)
             self._eval_pending = 0.0
             return
         if self._from is None:  # this process's first step: set-up, not timed
             self._from = (step, 0, elapsed)
             return
         self._tokens += tokens
+
+    @property
+    def refitted(self) -> bool:
+        """Whether the refit ran: from then on `record` times windows of steps for the checks of the plan."""
+        return "refit" in self.measured
+
+    @property
+    def timing(self) -> bool:
+        """Whether evaluations are timed apart (`record_eval`): while steps are timed for a refit or a check."""
+        return self.fixed and (self.refit_from is not None or self.refitted)
+
+    def _restart(self, step: int, elapsed: float) -> None:
+        self._window, self._steps, self._eval_in_window = (step, 0, elapsed), [], 0.0
 
     def record_eval(self, seconds: float) -> None:
         """Seconds a held-out evaluation took (after the total was fixed): `refit` plans evaluations at this cost
@@ -214,56 +235,86 @@ class TimeBudget:
         return n, planned
 
     def refit_due(self, step: int) -> bool:
-        """Whether the steps timed for `refit` by the last `record` are enough (it is due once)."""
-        return (self.refit_from is not None and self._window is not None
-                and step - self._window[0] >= BUDGET_REFIT_STEPS
+        """Whether the steps timed by the last `record` are enough for `refit`: the refit, then each check."""
+        return ((self.refit_from is not None or self.refitted) and self._window is not None
+                and step - self._window[0] >= BUDGET_REFIT_STEPS and step < (self.total_steps or 0)
                 and self._last - self._window[2] - self._eval_in_window >= BUDGET_REFIT_SHARE * self.seconds)
 
     def refit(self, step: int, elapsed: float, future_tokens: Iterable[int], heldout_tokens: int) -> int:
-        """Fix total_steps again at the rate of the steps timed since `fix` (all of the kind the rest of the run
-        is: see the module doc), evaluations at their measured cost; the last change to the total."""
+        """Fix total_steps again at the cost of the steps timed since `fix` (all of the kind the rest of the run
+        is: see the module doc), evaluations at their measured cost. After that first refit, a check: the total
+        it returns differs only where the current plan would end further than BUDGET_DRIFT of the budget from
+        its end at the latest window's speed (`agree` records the re-plan)."""
+        if self._window is None or not self._steps:  # nothing timed (a rank told to follow the others)
+            self._check = {"at_step": step} if self.refitted else None
+            return self.total_steps
         first, tokens, began = self._window
         timed_s = max(elapsed - began - self._eval_in_window, 1e-9)
         rate = tokens / timed_s
         eval_s = (sum(self._eval_s) / len(self._eval_s) if self._eval_s
                   else heldout_tokens * EVAL_COST_PER_TOKEN / max(rate, 1e-9))
-        fixed_s, per_token = step_cost(self._steps) if self._steps else (0.0, 1 / max(rate, 1e-9))
+        fixed_s, per_token = step_cost(self._steps)
+        # The refit's cached steps run cached_speedup as fast as its first-epoch ones; a window of cached steps
+        # prices them as timed.
+        speedup = 1.0 if self.cached_at is not None and first >= self.cached_at else self.cached_speedup
 
         def cost(i: int, tokens: int) -> float:
             cached = self.cached_at is not None and step + i >= self.cached_at
-            return (fixed_s + per_token * tokens) / (self.cached_speedup if cached else 1.0)
+            return (fixed_s + per_token * tokens) / (speedup if cached else 1.0)
 
-        n, planned = self._walk(step, future_tokens, self.seconds - elapsed - eval_s, eval_s, cost)
-        self.refit_from = None
-        self.measured["refit"] = {"at_step": step, "timed_steps": step - first,
-                                  "timed_seconds": round(timed_s, 3), "tokens_per_s": round(rate, 1),
-                                  "seconds_per_step": round(fixed_s, 4), "seconds_per_token": float(f"{per_token:.4g}"),
-                                  "eval_seconds": round(eval_s, 3), "elapsed_s": round(elapsed, 3),
-                                  "planned_seconds": round(planned + eval_s, 3), "was_total": self.total_steps}
-        self.total_steps = step + n
-        return self.total_steps
+        left = self.seconds - elapsed - eval_s
+        what = {"at_step": step, "timed_steps": step - first, "timed_seconds": round(timed_s, 3),
+                "tokens_per_s": round(rate, 1), "seconds_per_step": round(fixed_s, 4),
+                "seconds_per_token": float(f"{per_token:.4g}"), "eval_seconds": round(eval_s, 3),
+                "elapsed_s": round(elapsed, 3), "was_total": self.total_steps}
+        self._restart(step, elapsed)
+        if not self.refitted:
+            n, planned = self._walk(step, future_tokens, left, eval_s, cost)
+            self.refit_from = None
+            self.measured["refit"] = {**what, "planned_seconds": round(planned + eval_s, 3)}
+            self.total_steps = step + n
+            return self.total_steps
+        mine, ours = tee(future_tokens)
+        _, planned = self._walk(step, islice(mine, max(self.total_steps - step, 0)), float("inf"), eval_s, cost)
+        self._check = {**what, "projected_seconds": round(elapsed + planned + eval_s, 3)}
+        if abs(planned - left) <= BUDGET_DRIFT * self.seconds:
+            return self.total_steps
+        n, planned = self._walk(step, ours, left, eval_s, cost)
+        self._check["planned_seconds"] = round(planned + eval_s, 3)
+        return step + n
 
     def schedule_point(self, step: int, total: int) -> tuple[float, int]:
         """(step, total) at which to evaluate the cosine for ``step`` of a run of ``total`` steps: after a refit
         the first fix's cosine, from the refit on, stretched or squeezed over the steps left; else as given."""
-        r = self.measured.get("refit")
-        if not r:
-            return step, total
-        pivot, was = max(r["at_step"], self.warmup), r["was_total"]
-        if total <= pivot or was <= pivot:
-            return step, total
-        if step < pivot:  # what the steps before the refit ran at
-            return step, was
-        return pivot + (step - pivot) * (was - pivot) / (total - pivot), was
+        for r in reversed([self.measured["refit"], *self.measured.get("replans", [])] if self.refitted else []):
+            # Latest first: each re-plan maps its steps onto the curve of the total it replaced.
+            pivot, was = max(r["at_step"], self.warmup), r["was_total"]
+            maps = total > pivot and was > pivot
+            if maps and step >= pivot:
+                step = pivot + (step - pivot) * (was - pivot) / (total - pivot)
+            if maps or step < pivot:  # (steps before the pivot ran on the curve of ``was``)
+                total = was
+        return step, total
 
     def agree(self, total: int) -> None:
-        """Every rank takes the smallest total (they time their own steps; the step count must be one)."""
+        """Every rank takes the smallest total (they time their own steps; the step count must be one). A check's
+        new total is recorded as a re-plan on every rank alike."""
+        check, self._check = self._check, None
+        if check is not None and total != self.total_steps:
+            self.measured.setdefault("replans", []).append({**check, "was_total": self.total_steps})
         self.total_steps = total
+        if self.refit_from is not None and self.refit_from + BUDGET_REFIT_STEPS >= total:
+            self.refit_from = None  # too short a run left for a refit (on every rank alike: the agreed total)
 
     def describe(self) -> str:
         m = self.measured
         seen = (f" ({m['tokens_per_s_seen']:.0f} once every sample's in-draft mask is cached)"
                 if m.get("tokens_per_s_seen", m["tokens_per_s"]) != m["tokens_per_s"] else "")
+        if m.get("replans"):
+            r = m["replans"][-1]
+            return (f"re-planned at step {r['at_step']} ({r['elapsed_s']:.0f} s in; re-plan {len(m['replans'])}): "
+                    f"the last {r['timed_steps']} steps ran at {r['tokens_per_s']:.0f} tok/s, the plan would have ended "
+                    f"at {r['projected_seconds']:.0f} s; {self.total_steps} steps in all (was {r['was_total']})")
         if "refit" in m:
             r = m["refit"]
             return (f"refit at step {r['at_step']} ({r['elapsed_s']:.0f} s in): {r['timed_steps']} later steps ran at "

@@ -42,7 +42,13 @@ class Dist:
             return
         import torch
 
-        grads = [p.grad for p in params if p.grad is not None]
+        # A rank whose share of a global batch is empty (one sample for two ranks) has no gradients: it adds
+        # zeros, so that every rank reduces the same flat vector.
+        params = [p for p in params if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         self.all_reduce(flat)
         offset = 0

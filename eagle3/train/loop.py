@@ -219,6 +219,7 @@ class Trainer:
         """After the timed first steps, and again (`TimeBudget.refit`) after the first steps of the kind that fill
         the rest of the run: total_steps = the steps that fit in the rest of the budget."""
         heldout = sum(self.lengths[s] for s in self.inp.heldout_ids)
+        checking, was = self.budget.refitted, self.total_steps  # after the refit: a check of the plan
         if self.budget.fixed:
             mine = self.budget.refit(self.step, elapsed, self._future_tokens(), heldout)
         else:
@@ -231,7 +232,18 @@ class Trainer:
         least = -self.dist.all_reduce(torch.tensor([-float(mine)], dtype=torch.float64), op="max").item()
         self.budget.agree(int(least))
         self.total_steps = self.budget.total_steps
-        log.info("time budget %.0f s: %s", self.budget.seconds, self.budget.describe())
+        if not checking or self.total_steps != was:
+            log.info("time budget %.0f s: %s", self.budget.seconds, self.budget.describe())
+
+    def _budget_due(self) -> bool:
+        """Whether the budget fixes or checks its total now; with several processes, whether any does (the
+        refit's share of seconds is each rank's own clock; the step count, and so the call, must be one)."""
+        if self.budget is None:
+            return False
+        due = self.budget.due(self.step) or self.budget.refit_due(self.step)
+        if self.dist.world > 1:
+            due = bool(self.dist.all_reduce(torch.tensor([float(due)]), op="max").item())
+        return due
 
     def _future_batches(self):
         """Each step's global batch from the current position on, over as many epochs as it takes."""
@@ -301,7 +313,7 @@ class Trainer:
                  len(self.inp.train_ids), len(self.inp.heldout_ids), self.micro, self.accum, dist.world,
                  self.global_tokens, self.precision.name, self.precision.reason)
         while self.step < self.total_steps or (self.budget is not None and not self.budget.fixed):
-            if self.budget is not None and (self.budget.due(self.step) or self.budget.refit_due(self.step)):
+            if self._budget_due():
                 self._fix_budget(time.monotonic() - t0)
                 planned = list(itertools.islice(self._future_batches(), max(self.total_steps - self.step, 0)))
                 progress.total_tokens = max(progress.tokens + sum(self.lengths[s] for b in planned for s in b), 1)
@@ -344,7 +356,7 @@ class Trainer:
                 log.info("step %d/%d loss %.4f acc_0 %.3f lr %.2e | %s", self.step, self.total_steps, m["loss"],
                          m["acc_0"], lr, progress.line())
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
-                timing = self.budget is not None and self.budget.refit_from is not None
+                timing = self.budget is not None and self.budget.timing
                 t_eval = time.monotonic() if timing else 0.0
                 last_eval = self.evaluate()
                 if timing:  # the refit plans evaluations at their measured cost, apart from the steps'

@@ -3,6 +3,7 @@ machine trains more steps in the same budget, and a resumed run keeps the fixed 
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -17,7 +18,8 @@ from eagle3.errors import InputError
 from eagle3.train import budget as budget_mod
 from eagle3.train import loop
 from eagle3.train.budget import EVAL_COST_PER_TOKEN, TimeBudget, budget_seconds, run_deadline, step_cost
-from eagle3.train.config import BUDGET_PROBE_STEPS, BUDGET_REFIT_SHARE, BUDGET_REFIT_STEPS, TrainConfig, lr_at
+from eagle3.train.config import (BUDGET_DRIFT, BUDGET_PROBE_STEPS, BUDGET_REFIT_SHARE, BUDGET_REFIT_STEPS, TrainConfig,
+                                 lr_at)
 from tests.train.test_loop import cfg_for, losses
 
 pytestmark = pytest.mark.precision  # the numbers follow the precision policy (make test forces both)
@@ -354,3 +356,97 @@ def test_a_run_whose_later_steps_are_slower_ends_near_its_budget(monkeypatch, ti
     done = [r.getMessage() for r in caplog.records if "done in" in r.getMessage()][-1]
     seen, planned = re.search(r"train: (\d+)/(\d+) samples", done).groups()
     assert seen == planned and int(seen) > 0, done
+
+
+def _timed(b: TimeBudget, first: int, n: int, seconds: float, elapsed: float) -> float:
+    """Record steps first+1 .. first+n of 1,000 tokens, ``seconds`` each; the elapsed time after them."""
+    for step in range(first + 1, first + n + 1):
+        elapsed += seconds
+        b.record(step, 1000, elapsed)
+    return elapsed
+
+
+def test_load_after_the_refit_is_met_by_a_re_plan_hand_computed():
+    """A demo's 169-s budget ran 224 s: the machine's load grew after the refit, which was the last change. Now
+    every window after it checks the plan at its steps' speed and re-plans past BUDGET_DRIFT of the budget."""
+    b = _probed(1000.0)
+    # Every step cached: 200 tok/s, 5 s a step; the final evaluation 1 s; 982 s left: 196 steps.
+    assert b.fix(5, 17.0, iter([1000] * 1000), heldout_tokens=300, cached_from=0) == 201
+    elapsed = _timed(b, 5, BUDGET_REFIT_STEPS, 5.5, 17.0)  # 5.5 s a step, not 5
+    assert b.refit_due(25) and elapsed == 127.0
+    # 0.0055 s a token; the final evaluation 300 / 3 * 0.0055 = 0.55 s; 872.45 s left: 158 steps of 5.5 s.
+    b.agree(b.refit(25, elapsed, iter([1000] * 1000), heldout_tokens=300))
+    assert b.total_steps == 183 and "replans" not in b.measured
+    assert not b.refit_due(25)  # a new window starts at the refit
+    # Load comes: 6.6 s a step. The plan's 138 steps left would take 910.8 s of the 740.34 left.
+    elapsed = _timed(b, 25, BUDGET_REFIT_STEPS - 1, 6.6, elapsed)
+    assert not b.refit_due(44)
+    elapsed = _timed(b, 44, 1, 6.6, elapsed)
+    assert b.refit_due(45) and elapsed == pytest.approx(259.0)
+    b.agree(b.refit(45, elapsed, iter([1000] * 1000), heldout_tokens=300))
+    assert b.total_steps == 45 + 112  # 740.34 / 6.6
+    (r,) = b.measured["replans"]
+    assert (r["at_step"], r["was_total"], r["tokens_per_s"], r["timed_steps"]) == (45, 183, pytest.approx(151.5, abs=0.1),
+                                                                                  20)
+    assert r["projected_seconds"] == pytest.approx(259 + 910.8 + 0.66, abs=1e-3)
+    assert "re-planned at step 45" in b.describe() and "157 steps in all (was 183)" in b.describe()
+    # The learning rate: the first fix's cosine (201 steps), squeezed at the refit from step 25 into 158 steps,
+    # then again from step 45 into 112: continuous at both pivots, ending at the cosine's floor.
+    refit_only = copy.deepcopy(b)
+    refit_only.measured.pop("replans")
+    assert b.schedule_point(45, 157) == refit_only.schedule_point(45, 183) == (pytest.approx(25 + 20 * 176 / 158), 201)
+    assert b.schedule_point(30, 157) == refit_only.schedule_point(30, 183)  # what step 30 ran at
+    assert b.schedule_point(101, 157) == (pytest.approx(25 + (45 + 56 * 138 / 112 - 25) * 176 / 158), 201)
+    assert b.schedule_point(157, 157) == (pytest.approx(201), 201)
+    # The same speed in the next window: the plan ends within BUDGET_DRIFT of the budget, no re-plan.
+    elapsed = _timed(b, 45, BUDGET_REFIT_STEPS, 6.6, elapsed)
+    b.agree(b.refit(65, elapsed, iter([1000] * 1000), heldout_tokens=300))
+    assert b.total_steps == 157 and len(b.measured["replans"]) == 1
+    assert abs(92 * 6.6 - (1000 - elapsed - 0.66)) <= BUDGET_DRIFT * 1000  # 607.2 s planned, 608.3 left
+    # Another rank re-planned to fewer steps: this one records the same re-plan (its curve must be theirs).
+    other = copy.deepcopy(b)
+    elapsed2 = _timed(other, 65, BUDGET_REFIT_STEPS, 6.6, elapsed)
+    other.refit(85, elapsed2, iter([1000] * 1000), heldout_tokens=300)
+    other.agree(150)
+    assert (other.total_steps, other.measured["replans"][-1]["was_total"]) == (150, 157)
+    # A resumed run keeps the re-plans and so the curve, and checks its own windows after its first step.
+    again = TimeBudget.resume({"budget": b.to_dict()}, TrainConfig(store="s", vocab="v", out="o"))
+    assert again.schedule_point(101, 157) == b.schedule_point(101, 157) and again.refitted
+    resumed = _timed(again, 70, BUDGET_REFIT_STEPS, 6.6, 0.0)  # its first step (71) pays set-up: not timed
+    assert not again.refit_due(90)
+    _timed(again, 90, 1, 6.6, resumed)
+    assert again.refit_due(91)
+
+
+class _LoadedClock(_Clock):
+    """Runs ``dt`` per reading until ``at`` seconds, then ``slow`` times that: load that comes mid-run."""
+
+    def __init__(self, dt: float, at: float, slow: float):
+        super().__init__(dt)
+        self.at, self.slow = at, slow
+
+    def monotonic(self) -> float:
+        self.now += self.dt * (self.slow if self.now >= self.at else 1)
+        return self.now
+
+
+def test_a_run_loaded_after_its_refit_ends_near_its_budget(monkeypatch, tiny_store, tmp_path):
+    torch.set_num_threads(1)
+    clock = _LoadedClock(0.02, at=9.0, slow=1.5)
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    got = loop.train(cfg_for(tiny_store, tmp_path / "run", token_budget=64, train_time_budget=20.0, epochs=1))
+    m = got["budget"]["measured"]
+    assert m["refit"]["elapsed_s"] < 9.0 < m["replans"][0]["elapsed_s"], m  # the load came after the refit
+    assert m["replans"][0]["projected_seconds"] > (1 + BUDGET_DRIFT) * 20.0
+    # The refit's plan would have run ~1.3x the budget; re-planned, the run ends within it.
+    assert 0.9 * 20.0 < clock.now <= 1.05 * 20.0, (clock.now, got["steps"], m)
+    # The learning rate falls without a jump at either pivot, to the cosine's floor.
+    cfg = cfg_for(tiny_store, tmp_path, train_time_budget=20.0)
+    rows = read_metrics(str(tmp_path / "run" / "metrics.jsonl"), "train")
+    lrs = [r["lr"] for r in rows if r["step"] > got["budget"]["warmup"]]
+    drops = [a - b for a, b in zip(lrs, lrs[1:])]
+    assert min(drops) >= 0 and max(drops) < 2.5 * sorted(drops)[len(drops) // 2], drops
+    assert lr_at(got["steps"] - 1, got["steps"], cfg, got["budget"]["warmup"]) == pytest.approx(lrs[-1], rel=0.05)
+    budget = TimeBudget.resume({"budget": got["budget"]}, cfg)
+    assert [r["lr"] for r in rows] == pytest.approx(
+        [lr_at(*budget.schedule_point(r["step"] - 1, got["steps"]), cfg, budget.warmup) for r in rows])

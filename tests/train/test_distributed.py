@@ -3,8 +3,10 @@ curve as 1 process with the same effective batch (64 tokens x 1 x 2 ranks = 64 x
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -15,6 +17,7 @@ from tests.train.train_helpers import REPO
 from eagle3.train.loop import train
 from eagle3.checkpoint import read_metrics
 from eagle3.serving.process import free_port
+from eagle3.train.config import BUDGET_REFIT_STEPS
 from tests.train.test_loop import cfg_for, losses
 
 STEPS = 6
@@ -96,3 +99,29 @@ def test_sequence_parallel_refuses_online():
 
     with pytest.raises(InputError, match="sequence_parallel is for offline training"):
         TrainConfig(out="x", vocab="v", online=True, merged="m", model="t", sequence_parallel=True)
+
+
+def test_two_gloo_ranks_under_a_time_budget_agree_on_every_total(tiny_store, tmp_path):
+    """The budget's fix, refit and checks happen on any rank's clock (each times its own steps); the call is
+    taken together and every rank takes the smallest total, so both end at the same step, with no hang. (A
+    rank whose share of a global batch is empty adds zero gradients: it crashed in torch.cat before.)"""
+    out = tmp_path / "budget"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "eagle3", "train",
+           "--store", tiny_store["store"], "--vocab", tiny_store["vocab"], "--out", str(out),
+           "--ttt-length", "3", "--token-budget", "64", "--lr", "3e-3", "--train-time-budget", "6",
+           "--log-every", "10", "--save-every", "100000", "--init", "random", "--device", "cpu"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout[proc.stdout.index("{"):])
+    budget = summary["budget"]
+    assert summary["world_size"] == 2 and budget["fixed"] and "refit" in budget["measured"], budget
+    assert summary["steps"] == summary["total_steps"] == budget["total_steps"] > BUDGET_REFIT_STEPS
+    # Both ranks log each step's total and learning rate: every line comes in a pair (a rank on another curve
+    # would log its own).
+    steps = re.findall(r"step (\d+)/(\d+) loss \S+ acc_0 \S+ lr (\S+)", proc.stderr)
+    totals = re.findall(r"time budget \S+ s: .*?(\d+) steps in all", proc.stderr)
+    assert steps and totals and int(steps[-1][0]) == summary["steps"], proc.stderr[-3000:]
+    assert all(n % 2 == 0 for n in collections.Counter(steps).values()), steps
+    assert all(n % 2 == 0 for n in collections.Counter(totals).values()), totals
