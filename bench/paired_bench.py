@@ -85,16 +85,19 @@ def run_inputs(run: str) -> dict:
     engines = json.load(open(layout.task_result("train"))).get("engines") or {}
     return {"layout": layout, "train_config": tc, "steps": steps, "warmup": warmup, "seed": int(tc["seed"]),
             "epoch": int(state["position"]["epoch"]), "draft_variant": variant, "store": store, "engines": engines,
-            "target_engine": next(iter(engines)) if len(engines) == 1 else None}
+            "target_engine": next(iter(engines)) if len(engines) == 1 else None, "budgeted": bool(budget.get("fixed"))}
 
 
 def retrain_config(inputs: dict, vary: str, other: str, work: str) -> dict:
     """The run's train config with ``vary`` set to ``other``: same data, schedule and exactly its step count (fixed,
-    not re-timed: the machine's load differs now)."""
+    not re-timed: the machine's load differs now). A time-budgeted run's curve (refit and re-plans included) is
+    replayed from its checkpoint (TrainConfig.schedule_from); an epochs-based one is capped at its steps."""
     steps, warmup = inputs["steps"], inputs["warmup"]
     tc = dict(inputs["train_config"])
     tc.update(out=os.path.join(work, "checkpoint"), train_time_budget=0.0, train_deadline=0.0, max_steps=steps,
               epochs=inputs["epoch"] + 2, warmup_ratio=warmup / steps)
+    if inputs["budgeted"]:
+        tc["schedule_from"] = inputs["layout"].folder("checkpoint")
     if vary in ("draft_variant", "seed"):
         tc[vary] = other
     elif tc.get("online"):  # the other engine serves the target while it trains; nothing is written back

@@ -47,7 +47,7 @@ def step_cost(steps: list[tuple[int, float]]) -> tuple[float, float]:
     """(seconds per step, seconds per real token) fitted to timed ``steps`` of (real tokens, seconds) by least
     squares, both >= 0: a step costs more than its tokens (the optimizer, the TTT loop's small ops, padding), so
     pricing by tokens/s alone misjudged a run whose timed steps held more tokens than the rest (a 150-s budget
-    ran 176 s). All steps of one size (or too few): proportional to tokens."""
+    ran 173-178 s). All steps of one size (or too few): proportional to tokens."""
     n = len(steps)
     total_t, total_s = sum(t for t, _ in steps), sum(s for _, s in steps)
     proportional = (0.0, total_s / max(total_t, 1e-9))
@@ -102,10 +102,12 @@ class TimeBudget:
     samples' in-draft masks are cached; the refit prices those steps at its measured rate times
     ``cached_speedup``, the ratio the first fix measured."""
     cached_speedup: float = 1.0
+    replayed: bool = False
+    """Another run's schedule (TrainConfig.schedule_from): its total and curve, never timed."""
     _from: tuple[int, int, float] | None = None  # (step, tokens so far, elapsed) at the first timed step's start
     _tokens: int = 0
     _first_sight: float = 0.0  # seconds of the timed steps spent on first-seen samples' in-draft masks
-    _window: tuple[int, int, float] | None = None  # (step, tokens since, elapsed) where the refit's timing began
+    _window: tuple[int, float] | None = None  # (step, elapsed) where the timing for the refit or a check began
     _eval_s: list = field(default_factory=list)  # seconds of each evaluation run since the total was fixed
     _eval_in_window: float = 0.0
     _steps: list = field(default_factory=list)  # (real tokens, seconds) of each step timed for the refit
@@ -131,6 +133,28 @@ class TimeBudget:
             return None
         return cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__ and not k.startswith("_")})
 
+    @classmethod
+    def replay(cls, ckpt_dir: str) -> "TimeBudget":
+        """The fixed schedule of the time-budgeted run whose checkpoint folder is ``ckpt_dir`` (its latest step),
+        to be trained again untimed (TrainConfig.schedule_from)."""
+        from eagle3 import checkpoint, storage
+        from eagle3.errors import InputError
+
+        step_dir = checkpoint.latest_step_dir(ckpt_dir)
+        if step_dir is None:
+            raise InputError(f"schedule_from={ckpt_dir}: no checkpoint there (latest.json); pass the CKPT folder of "
+                             "a finished time-budgeted eagle3 train run")
+        path = storage.join(step_dir, checkpoint.STATE_FILE)
+        state = storage.read_json(path)
+        saved = state.get("budget") or {}
+        if not saved.get("fixed"):
+            raise InputError(f"{path}: that run had no time budget or stopped before it fixed its step count "
+                             "(\"budget\".fixed); schedule_from needs a time-budgeted run's fixed schedule "
+                             "(or train with --max-steps instead)")
+        budget = cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__ and not k.startswith("_")})
+        budget.replayed, budget.refit_from = True, None
+        return budget
+
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
 
@@ -138,12 +162,13 @@ class TimeBudget:
     def record(self, step: int, tokens: int, elapsed: float) -> None:
         """After optimizer step ``step`` (1-based) of ``tokens`` real tokens, at ``elapsed`` s into the run."""
         last, self._last = self._last, elapsed
+        if self.replayed:
+            return
         if self.fixed:
             if self.refit_from is not None and step >= self.refit_from or self.refitted:
                 if self._window is None:  # timing starts when this step ends (a resumed process's first step
                     self._restart(step, elapsed)  # pays set-up: not timed either)
                 else:
-                    self._window = (self._window[0], self._window[1] + tokens, self._window[2])
                     self._steps.append((tokens, max(elapsed - last - self._eval_pending, 0.0)))
                     if self.refitted and step == self.cached_at:  # the first epoch ends: time cached steps alone
                         self._restart(step, elapsed)
@@ -165,7 +190,7 @@ class TimeBudget:
         return self.fixed and (self.refit_from is not None or self.refitted)
 
     def _restart(self, step: int, elapsed: float) -> None:
-        self._window, self._steps, self._eval_in_window = (step, 0, elapsed), [], 0.0
+        self._window, self._steps, self._eval_in_window = (step, elapsed), [], 0.0
 
     def record_eval(self, seconds: float) -> None:
         """Seconds a held-out evaluation took (after the total was fixed): `refit` plans evaluations at this cost
@@ -213,7 +238,7 @@ class TimeBudget:
             refit_from, self.cached_at, self.cached_speedup = step, step + cached_from, rate_seen / max(rate, 1e-9)
         self.refit_from = refit_from if refit_from + BUDGET_REFIT_STEPS < self.total_steps else None
         if self.refit_from == step:  # this step just ended: the refit's timing starts now
-            self._window = (step, 0, elapsed)
+            self._window = (step, elapsed)
         self.measured = {"timed_steps": step - start[0], "timed_seconds": round(timed_s, 3),
                          "tokens_per_s": round(rate, 1), "first_sight_seconds": round(seen_s, 3),
                          "tokens_per_s_seen": round(rate_seen, 1), "fixed_at_step": step,
@@ -236,21 +261,28 @@ class TimeBudget:
 
     def refit_due(self, step: int) -> bool:
         """Whether the steps timed by the last `record` are enough for `refit`: the refit, then each check."""
-        return ((self.refit_from is not None or self.refitted) and self._window is not None
+        return ((self.refit_from is not None or self.refitted) and self._window is not None and not self.replayed
                 and step - self._window[0] >= BUDGET_REFIT_STEPS and step < (self.total_steps or 0)
-                and self._last - self._window[2] - self._eval_in_window >= BUDGET_REFIT_SHARE * self.seconds)
+                and self._last - self._window[1] - self._eval_in_window >= BUDGET_REFIT_SHARE * self.seconds)
 
     def refit(self, step: int, elapsed: float, future_tokens: Iterable[int], heldout_tokens: int) -> int:
         """Fix total_steps again at the cost of the steps timed since `fix` (all of the kind the rest of the run
         is: see the module doc), evaluations at their measured cost. After that first refit, a check: the total
         it returns differs only where the current plan would end further than BUDGET_DRIFT of the budget from
         its end at the latest window's speed (`agree` records the re-plan)."""
-        if self._window is None or not self._steps:  # nothing timed (a rank told to follow the others)
-            self._check = {"at_step": step} if self.refitted else None
+        if self._window is None or not self._steps:  # nothing timed here (a rank told to follow the others): it
+            what = {"at_step": step, "timed_steps": 0, "timed_seconds": 0.0, "tokens_per_s": 0.0,  # records what
+                    "seconds_per_step": 0.0, "seconds_per_token": 0.0, "eval_seconds": 0.0,  # they record
+                    "elapsed_s": round(elapsed, 3), "was_total": self.total_steps}
+            if self.refitted:
+                self._check = {**what, "projected_seconds": 0.0}
+            else:
+                self.refit_from, self.measured["refit"] = None, {**what, "planned_seconds": 0.0}
+            self._restart(step, elapsed)
             return self.total_steps
-        first, tokens, began = self._window
+        first, began = self._window
         timed_s = max(elapsed - began - self._eval_in_window, 1e-9)
-        rate = tokens / timed_s
+        rate = sum(t for t, _ in self._steps) / timed_s
         eval_s = (sum(self._eval_s) / len(self._eval_s) if self._eval_s
                   else heldout_tokens * EVAL_COST_PER_TOKEN / max(rate, 1e-9))
         fixed_s, per_token = step_cost(self._steps)

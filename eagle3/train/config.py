@@ -121,6 +121,10 @@ class TrainConfig:
     longer of train_time_budget and the time left until then (eagle3/train/budget.py `budget_seconds`): the DAG
     sets it from run_time_budget, so a run whose earlier stages were quick (a bf16 engine extracts faster) trains
     longer, and one whose were slow still trains train_time_budget."""
+    schedule_from: str | None = None
+    """The checkpoint folder (CKPT) of a time-budgeted run: train exactly its step count on its learning-rate curve
+    (its warm-up, refit and re-plans: eagle3/train/budget.py `schedule_point`), untimed. For a second draft that
+    differs from that run's in one setting (bench/paired_bench.py); exclusive with train_time_budget."""
 
     draft_window: int = 0
     """Sliding-window draft attention of a fresh run: each query attends the last draft_window positions of its
@@ -182,6 +186,9 @@ class TrainConfig:
         if not self.train_deadline >= 0:
             raise InputError(f"TrainConfig.train_deadline must be a UNIX time in seconds (0: none), "
                              f"got {self.train_deadline!r}")
+        if self.schedule_from and (self.train_time_budget or self.train_deadline):
+            raise InputError("TrainConfig.schedule_from replays another run's fixed schedule; drop "
+                             "train_time_budget/train_deadline (this run is not timed)")
         if self.write_back and not self.online:
             raise InputError("TrainConfig.write_back is for online mode only; add --online")
         if not self.store and (self.write_back or not self.online):

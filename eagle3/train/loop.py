@@ -89,10 +89,16 @@ class Trainer:
         # A time budget fixes total_steps after the first steps (eagle3/train/budget.py); a resumed run keeps
         # what its checkpoint fixed. Its warm-up follows the plan, not max_steps, so a run capped at the
         # steps another budget run fixed has that run's schedule.
-        self.budget = TimeBudget.start(cfg, self._total_steps(capped=False)) if self.ckpt is None else \
-            TimeBudget.resume(self.ckpt.state, cfg)
+        if self.ckpt is not None:
+            self.budget = TimeBudget.resume(self.ckpt.state, cfg)
+        elif cfg.schedule_from:  # another run's fixed schedule, untimed (bench/paired_bench.py)
+            self.budget = TimeBudget.replay(cfg.schedule_from)
+        else:
+            self.budget = TimeBudget.start(cfg, self._total_steps(capped=False))
         if self.budget is not None and self.budget.fixed:
             self.total_steps = self.budget.total_steps
+            if self.budget.replayed and cfg.max_steps:
+                self.total_steps = min(self.total_steps, cfg.max_steps)
         self.head = inputs.target_head(self.device)
         self.in_draft = objective.InDraftCache()  # the full-vocab head runs once per sample (objective.py)
         self.d2t, self.t2d = self.model.d2t, self.model.t2d
@@ -298,7 +304,10 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> dict:
         cfg, dist = self.cfg, self.dist
-        todo = [b for e in range(cfg.epochs) for b in self.plan(e)][self.step: self.total_steps]
+        if self.budget is not None and self.budget.fixed:  # a budget's count runs past ``epochs``
+            todo = list(itertools.islice(self._future_batches(), max(self.total_steps - self.step, 0)))
+        else:
+            todo = [b for e in range(cfg.epochs) for b in self.plan(e)][self.step: self.total_steps]
         progress = Progress("train", total_samples=sum(map(len, todo)),
                             total_tokens=sum(self.lengths[s] for b in todo for s in b))
         run_tokens, t0 = 0, time.monotonic()

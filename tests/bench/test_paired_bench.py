@@ -16,7 +16,8 @@ def _inputs(**kw) -> dict:
           "seed": 7, "lr": 2e-3}
     return {"train_config": tc, "steps": 208, "warmup": 5, "epoch": 2, "draft_variant": "eagle3",
             "target_engine": "transformers", "engines": {"transformers": 100},
-            "store": {"aux_layers": [1, 14, 26], "storage_option": "bf16", "precision": {"name": "bfloat16"}}, **kw}
+            "store": {"aux_layers": [1, 14, 26], "storage_option": "bf16", "precision": {"name": "bfloat16"}},
+            "budgeted": False, **kw}
 
 
 def test_the_second_draft_changes_one_setting_and_keeps_the_schedule(tmp_path):
@@ -32,6 +33,11 @@ def test_the_second_draft_changes_one_setting_and_keeps_the_schedule(tmp_path):
         assert tc["out"] == str(tmp_path / "checkpoint")
     assert (variant["draft_variant"], variant["store"], variant["seed"]) == ("eagle3.1", "/root/store", 7)
     assert (engine["draft_variant"], engine["store"], engine["seed"]) == ("eagle3", str(tmp_path / "store"), 7)
+    assert "schedule_from" not in variant  # an epochs-based run: its cosine over its steps, capped
+    # A time-budgeted run's curve (squeezed at its refit and re-plans) is replayed from its checkpoint.
+    layout = type("Layout", (), {"folder": staticmethod(lambda name: f"/r/{name}")})()
+    budgeted = pb.retrain_config(_inputs(budgeted=True, layout=layout), "draft_variant", "eagle3.1", str(tmp_path))
+    assert budgeted["schedule_from"] == "/r/checkpoint" and budgeted["train_time_budget"] == 0.0
 
 
 def test_an_online_run_trains_online_from_the_other_engine(tmp_path):

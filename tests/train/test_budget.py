@@ -450,3 +450,33 @@ def test_a_run_loaded_after_its_refit_ends_near_its_budget(monkeypatch, tiny_sto
     budget = TimeBudget.resume({"budget": got["budget"]}, cfg)
     assert [r["lr"] for r in rows] == pytest.approx(
         [lr_at(*budget.schedule_point(r["step"] - 1, got["steps"]), cfg, budget.warmup) for r in rows])
+
+
+def test_another_runs_schedule_is_replayed_untimed(monkeypatch, tiny_store, tmp_path):
+    """bench/paired_bench.py trains a second draft for the first one's steps: on its curve (refit and re-plans
+    included), not a plain cosine over them, whatever this machine's speed."""
+    torch.set_num_threads(1)
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(monotonic=_LoadedClock(0.02, at=9.0, slow=1.5).monotonic))
+    ref = loop.train(cfg_for(tiny_store, tmp_path / "ref", token_budget=64, train_time_budget=20.0, epochs=1))
+    assert ref["budget"]["measured"]["replans"]
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(monotonic=_Clock(0.5).monotonic))  # 25x slower
+    again = loop.train(cfg_for(tiny_store, tmp_path / "again", token_budget=64, epochs=1,
+                               schedule_from=str(tmp_path / "ref")))
+    assert again["steps"] == ref["steps"] and again["budget"]["replayed"]
+    assert again["budget"]["measured"] == ref["budget"]["measured"]  # nothing timed, nothing re-planned
+    lrs = [[r["lr"] for r in read_metrics(str(tmp_path / d / "metrics.jsonl"), "train")] for d in ("ref", "again")]
+    assert lrs[0] == lrs[1]
+    torch.testing.assert_close(torch.tensor(losses(tmp_path / "again")), torch.tensor(losses(tmp_path / "ref")),
+                               rtol=1e-4, atol=1e-6)
+    capped = loop.train(cfg_for(tiny_store, tmp_path / "capped", token_budget=64, epochs=1, max_steps=7,
+                                schedule_from=str(tmp_path / "ref")))
+    assert capped["steps"] == 7
+    # A checkpoint without a fixed budget, or none at all: the error names the file and the fix.
+    plain = tmp_path / "plain"
+    loop.train(cfg_for(tiny_store, plain, token_budget=64, max_steps=2))
+    with pytest.raises(InputError, match=r"train_state\.json: that run had no time budget.*--max-steps"):
+        loop.train(cfg_for(tiny_store, tmp_path / "x", token_budget=64, schedule_from=str(plain)))
+    with pytest.raises(InputError, match="no checkpoint there"):
+        loop.train(cfg_for(tiny_store, tmp_path / "y", token_budget=64, schedule_from=str(tmp_path / "none")))
+    with pytest.raises(InputError, match="schedule_from replays"):
+        TrainConfig(store="s", vocab="v", out="o", schedule_from="c", train_time_budget=150)
