@@ -174,6 +174,7 @@ PROBE_MIN_SPEEDUP = 1.5
 """On a CPU whose flags promise a bf16 unit, bf16 is chosen only if its torch.mm runs this much faster than
 fp32 (a torch build without the oneDNN bf16 kernels would otherwise take the ~100x slower path)."""
 _PROBE_N = 512  # the policy's probe: ~3 ms in fp32 on 2 cores; well under a second even on the slow path
+_PROBE_WINDOWS, _PROBE_WINDOW_S = 5, 0.05  # its best of 5 windows of >= 50 ms (`mm_peak` window_s: why)
 WORKLOADS = ("matmul", "decode")
 """What a stage mostly runs, and so what the CPU probe measures: "matmul" (batched forwards: extraction, training,
 batched regeneration) a 512^3 torch.mm; "decode" (the project decoder: one-token steps and (k+1)-token
@@ -291,7 +292,7 @@ def _cached_cpu_probe(workload: str = "matmul") -> dict[str, float]:
 
     from eagle3.storage import cache_dir
 
-    key = f"{_cpu_model()}|{torch.__version__}|{torch.get_num_threads()} threads"
+    key = f"{_cpu_model()}|{torch.__version__}|{torch.get_num_threads()} threads|windowed"  # (not the 1-ms probe's)
     if workload != "matmul":
         key += f"|{workload}"
     path = cache_dir() / "precision-probe.json"
@@ -300,7 +301,8 @@ def _cached_cpu_probe(workload: str = "matmul") -> dict[str, float]:
     except (OSError, ValueError):
         cache = {}
     if key not in cache:
-        rate = (lambda d: mm_peak(d, max_n=_PROBE_N).gflops_cpu) if workload == "matmul" else decode_rate
+        rate = ((lambda d: mm_peak(d, max_n=_PROBE_N, repeats=_PROBE_WINDOWS, window_s=_PROBE_WINDOW_S).gflops_cpu)
+                if workload == "matmul" else decode_rate)
         cache[key] = {d: round(rate(d), 1) for d in ("float32", "bfloat16")}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -369,10 +371,16 @@ class MatmulPeak:
 
 
 def mm_peak(dtype: str = "float32", device: str = "cpu", max_n: int = 2048, repeats: int = 3,
-            min_call_s: float = 0.25) -> MatmulPeak:
+            min_call_s: float = 0.25, window_s: float = 0.0) -> MatmulPeak:
     """The torch.mm peak in ``dtype``: n doubles from 128 until one product takes ``min_call_s`` or n reaches
     ``max_n``, then the best of ``repeats``. The slow path (bf16 on an AVX2-only CPU, ~1 GFLOP/s) thus stops
-    near n=512, well under 2 s, instead of taking ~20 s per 2048^3 product."""
+    near n=512, well under 2 s, instead of taking ~20 s per 2048^3 product.
+
+    ``window_s``: each of the ``repeats`` runs products for at least that long (their mean counts). Linux
+    accounts a process's other threads' CPU time late, so one ~1-ms product (n=512 on 2 cores) misses up to all
+    of the worker thread's: its "per CPU-second" rate came out as the wall rate, or half of it, by chance
+    (session 16, one machine: bf16 361-437 in single products, 216-219 over 50-ms windows, 212-215 for 2048^3
+    products of ~80 ms)."""
     import torch
 
     def sync():
@@ -392,10 +400,12 @@ def mm_peak(dtype: str = "float32", device: str = "cpu", max_n: int = 2048, repe
         n *= 2
     wall = cpu = float("inf")
     for _ in range(repeats):
-        w0, c0 = time.perf_counter(), time.process_time()
-        torch.mm(a, b)
-        sync()
-        wall, cpu = min(wall, time.perf_counter() - w0), min(cpu, time.process_time() - c0)
+        w0, c0, calls = time.perf_counter(), time.process_time(), 0
+        while calls == 0 or time.perf_counter() - w0 < window_s:
+            torch.mm(a, b)
+            sync()
+            calls += 1
+        wall, cpu = min(wall, (time.perf_counter() - w0) / calls), min(cpu, (time.process_time() - c0) / calls)
     flops = 2 * n**3 / 1e9
     on_cuda = str(device).startswith("cuda")
     return MatmulPeak(dtype, str(device), n, flops / wall, flops / (wall if on_cuda else max(cpu, 1e-9)))

@@ -48,11 +48,13 @@ by `more_factors`. Such a machine regenerates and extracts faster, so the minute
 HumanEval-shaped data instead of more epochs over the same: on the AVX512-BF16 machine of session 13, HumanEval
 τ 2.17 -> 2.27 (20 prompts, paired 95% interval [+0.05, +0.17]) with 1.1 min less training; 5x was no better
 (README "The demo"). `demo/run_demo.py --more-data off` writes the plain corpus."""
-MORE_GFLOPS_PER_X = 250.0
+MORE_GFLOPS_PER_X = 125.0
 """bf16 torch.mm GFLOP/s per CPU-second (the precision probe's) that pay for one more copy of a dataset in
 MORE_ON_BF16: regenerating and extracting 180 more `code_completion` samples cost ~35 s on session 13's machine
-(bf16 756 GFLOP/s: 3x, the demo 10.3-10.7 min) but ~108 s on session 15's (408 GFLOP/s: vLLM regenerated at
-265 tok/s, extraction 931 tok/s), where 3x took the demo to 15.1 min."""
+(3x, the demo 10.3-10.7 min) but ~108 s on session 15's (vLLM regenerated at 265 tok/s, extraction 931 tok/s),
+where 3x took the demo to 15.1 min. Their probes read 756 and 408, but a probe of single ~1-ms products, which
+counted one of the 2 threads' CPU time (eagle3.devices.mm_peak ``window_s``): per CPU-second ~378 and ~204 (3x
+and 2x here, as there); session 16's machine reads 219 windowed (430 in single products) → 2x."""
 
 
 def more_factors(bf16_gflops: float | None) -> dict[str, float]:

@@ -131,17 +131,27 @@ def test_mm_peak_keeps_the_slow_path_short():
     assert set(peak.to_dict()) == {"dtype", "device", "n", "gflops", "gflops_cpu"}
 
 
+def test_a_windowed_peak_runs_products_for_the_window():
+    """One ~1-ms product misses the worker threads' CPU time (Linux accounts it late): the probe's per-CPU-second
+    rate read the wall rate, 2x, by chance. Each of its windows runs products for window_s."""
+    import time
+
+    t0 = time.perf_counter()
+    peak = mm_peak("float32", max_n=128, repeats=3, window_s=0.05)
+    assert time.perf_counter() - t0 >= 3 * 0.05 and peak.n == 128 and peak.gflops > 0 and peak.gflops_cpu > 0
+
+
 def test_the_probe_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path))
     calls = []
 
-    def fake(dtype, device="cpu", max_n=2048, **_):
-        calls.append((dtype, max_n))
+    def fake(dtype, device="cpu", max_n=2048, **kw):
+        calls.append((dtype, max_n, kw.get("repeats"), kw.get("window_s")))
         return devices.MatmulPeak(dtype, device, max_n, 100.0, 90.0 if dtype == "float32" else 450.0)
 
     monkeypatch.setattr(devices, "mm_peak", fake)
     assert devices._cached_cpu_probe() == {"float32": 90.0, "bfloat16": 450.0}
     assert devices._cached_cpu_probe() == {"float32": 90.0, "bfloat16": 450.0}
-    assert calls == [("float32", 512), ("bfloat16", 512)]
+    assert calls == [("float32", 512, 5, 0.05), ("bfloat16", 512, 5, 0.05)]  # windows: `mm_peak` window_s
     (key, value), = json.loads((tmp_path / "precision-probe.json").read_text()).items()
     assert "threads" in key and value == {"float32": 90.0, "bfloat16": 450.0}
