@@ -318,6 +318,18 @@ def test_the_refit_prices_a_step_by_its_fixed_cost_not_its_tokens_alone_hand_com
                                                                                                     2.0)
 
 
+def _assert_lr_falls_smoothly_to_the_floor(tiny_store, out, got: dict):
+    """No step's learning-rate drop is far above the median drop (a jump at a refit or re-plan), none rises,
+    and the last is the cosine's floor. Returns (the config, the train rows)."""
+    cfg = cfg_for(tiny_store, out, train_time_budget=20.0)
+    rows = read_metrics(str(out / "metrics.jsonl"), "train")
+    lrs = [r["lr"] for r in rows if r["step"] > got["budget"]["warmup"]]
+    drops = [a - b for a, b in zip(lrs, lrs[1:])]
+    assert min(drops) >= 0 and max(drops) < 2.5 * sorted(drops)[len(drops) // 2], drops
+    assert lr_at(got["steps"] - 1, got["steps"], cfg, got["budget"]["warmup"]) == pytest.approx(lrs[-1], rel=0.05)
+    return cfg, rows
+
+
 class _SlowingClock(_Clock):
     """Runs ``dt`` per reading for the first ``fast_reads``, then ``slow`` times that: later steps cost more than
     the timed ones."""
@@ -346,12 +358,7 @@ def test_a_run_whose_later_steps_are_slower_ends_near_its_budget(monkeypatch, ti
     with open(checkpoint.latest_step_dir(str(tmp_path / "run")) + "/train_state.json") as f:
         assert json.load(f)["budget"]["measured"]["refit"] == refit
     # The learning rate runs on without a jump at the refit and ends at the cosine's floor.
-    cfg = cfg_for(tiny_store, tmp_path, train_time_budget=20.0)
-    rows = read_metrics(str(tmp_path / "run" / "metrics.jsonl"), "train")
-    lrs = [r["lr"] for r in rows if r["step"] > got["budget"]["warmup"]]
-    drops = [a - b for a, b in zip(lrs, lrs[1:])]
-    assert min(drops) >= 0 and max(drops) < 2.5 * sorted(drops)[len(drops) // 2], drops
-    assert lr_at(got["steps"] - 1, got["steps"], cfg, got["budget"]["warmup"]) == pytest.approx(lrs[-1], rel=0.05)
+    _assert_lr_falls_smoothly_to_the_floor(tiny_store, tmp_path / "run", got)
     # Progress counts the samples of every epoch against the planned total (it read "2862/993 samples").
     done = [r.getMessage() for r in caplog.records if "done in" in r.getMessage()][-1]
     seen, planned = re.search(r"train: (\d+)/(\d+) samples", done).groups()
@@ -441,12 +448,7 @@ def test_a_run_loaded_after_its_refit_ends_near_its_budget(monkeypatch, tiny_sto
     # The refit's plan would have run ~1.3x the budget; re-planned, the run ends within it.
     assert 0.9 * 20.0 < clock.now <= 1.05 * 20.0, (clock.now, got["steps"], m)
     # The learning rate falls without a jump at either pivot, to the cosine's floor.
-    cfg = cfg_for(tiny_store, tmp_path, train_time_budget=20.0)
-    rows = read_metrics(str(tmp_path / "run" / "metrics.jsonl"), "train")
-    lrs = [r["lr"] for r in rows if r["step"] > got["budget"]["warmup"]]
-    drops = [a - b for a, b in zip(lrs, lrs[1:])]
-    assert min(drops) >= 0 and max(drops) < 2.5 * sorted(drops)[len(drops) // 2], drops
-    assert lr_at(got["steps"] - 1, got["steps"], cfg, got["budget"]["warmup"]) == pytest.approx(lrs[-1], rel=0.05)
+    cfg, rows = _assert_lr_falls_smoothly_to_the_floor(tiny_store, tmp_path / "run", got)
     budget = TimeBudget.resume({"budget": got["budget"]}, cfg)
     assert [r["lr"] for r in rows] == pytest.approx(
         [lr_at(*budget.schedule_point(r["step"] - 1, got["steps"]), cfg, budget.warmup) for r in rows])
