@@ -244,7 +244,7 @@ class Trainer:
     def _budget_due(self) -> bool:
         """Whether the budget fixes or checks its total now; with several processes, whether any does (the
         refit's share of seconds is each rank's own clock; the step count, and so the call, must be one)."""
-        if self.budget is None:
+        if self.budget is None or self.budget.replayed:  # (the same on every rank)
             return False
         due = self.budget.due(self.step) or self.budget.refit_due(self.step)
         if self.dist.world > 1:
