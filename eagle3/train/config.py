@@ -22,7 +22,8 @@ BUDGET_PROBE_STEPS = 4
 BUDGET_REFIT_STEPS = 20
 BUDGET_REFIT_SHARE = 0.05
 # After the refit, the plan is fixed again only where the steps' latest speed puts its end further than this
-# share of the budget from the budget's end (load that came or went: a demo's 169-s budget ran 224 s).
+# share of the budget from the budget's end in two checks in a row, or 3x as far in one (load that came or
+# went: a demo's 169-s budget ran 224 s).
 BUDGET_DRIFT = 0.05
 
 

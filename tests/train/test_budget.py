@@ -425,6 +425,25 @@ def test_load_after_the_refit_is_met_by_a_re_plan_hand_computed():
     assert again.refit_due(91)
 
 
+def test_a_drift_re_plans_when_seen_twice_in_a_row_hand_computed():
+    """Windows differ by their batches: a 450-s run's read 1,806, 1,996 and 1,802 tok/s and re-planned down, up and
+    down. A drift past BUDGET_DRIFT re-plans when the next check sees it too (or when it is 3x that)."""
+    b = _probed(1000.0)
+    assert b.fix(5, 17.0, iter([1000] * 1000), heldout_tokens=300, cached_from=0) == 201  # 5 s a step
+    elapsed = _timed(b, 5, BUDGET_REFIT_STEPS, 5.0, 17.0)
+    b.agree(b.refit(25, elapsed, iter([1000] * 1000), heldout_tokens=300))
+    assert b.total_steps == 201  # 882.5 s left: 176 steps of 5 s
+    totals = []
+    for first, seconds in ((25, 5.5), (45, 4.5), (65, 4.5)):
+        elapsed = _timed(b, first, BUDGET_REFIT_STEPS, seconds, elapsed)
+        assert b.refit_due(first + BUDGET_REFIT_STEPS)
+        b.agree(b.refit(first + BUDGET_REFIT_STEPS, elapsed, iter([1000] * 1000), heldout_tokens=300))
+        totals.append(b.total_steps)
+    # At 45: 156 steps of 5.5 s = 858 s for 772.45 left, +8.6% (once: kept). At 65: 136 of 4.5 s = 612 for
+    # 682.55, -7.1% (the other way: kept). At 85: 116 of 4.5 = 522 for 592.55, -7.1% again: 131 steps of 4.5 s.
+    assert totals == [201, 201, 85 + 131] and len(b.measured["replans"]) == 1
+
+
 class _LoadedClock(_Clock):
     """Runs ``dt`` per reading until ``at`` seconds, then ``slow`` times that: load that comes mid-run."""
 
