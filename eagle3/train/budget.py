@@ -24,8 +24,9 @@ steps left (`schedule_point`): no jump in the learning rate at the refit (re-eva
 total would have dropped it from 0.83 to 0.66 of the peak in a demo). After the refit every window of as many
 steps checks the plan again at those steps' speed, and re-plans (`measured["replans"]`, the cosine squeezed or
 stretched once more) only where its end would miss the budget's by more than BUDGET_DRIFT of it in two checks
-in a row, or 3x that in one: load that came after the refit let a demo's 169-s budget run 224 s. A run resumed before the refit times its own steps for it
-(`refit_from` is saved); one resumed after keeps the saved total and the same curve, and checks it as above.
+in a row, or 3x that in one: load that came after the refit let a demo's 169-s budget run 224 s. A run resumed
+before the refit times its own steps for it (`refit_from` is saved); one resumed after keeps the saved total and
+the same curve, and checks it as above.
 `TrainConfig.train_deadline` stretches the budget to a wall-clock time (`budget_seconds`); the DAG computes it
 from the run's start, `run_time_budget` and `after_train_reserve` (`run_deadline`). Torch-free.
 """
@@ -352,8 +353,8 @@ class TimeBudget:
         if m.get("replans"):
             r = m["replans"][-1]
             return (f"re-planned at step {r['at_step']} ({r['elapsed_s']:.0f} s in; re-plan {len(m['replans'])}): "
-                    f"the last {r['timed_steps']} steps ran at {r['tokens_per_s']:.0f} tok/s, the plan would have ended "
-                    f"at {r['projected_seconds']:.0f} s; {self.total_steps} steps in all (was {r['was_total']})")
+                    f"the last {r['timed_steps']} steps ran at {r['tokens_per_s']:.0f} tok/s, the plan would have "
+                    f"ended at {r['projected_seconds']:.0f} s; {self.total_steps} steps in all (was {r['was_total']})")
         if "refit" in m:
             r = m["refit"]
             return (f"refit at step {r['at_step']} ({r['elapsed_s']:.0f} s in): {r['timed_steps']} later steps ran at "

@@ -393,8 +393,8 @@ def test_load_after_the_refit_is_met_by_a_re_plan_hand_computed():
     b.agree(b.refit(45, elapsed, iter([1000] * 1000), heldout_tokens=300))
     assert b.total_steps == 45 + 112  # 740.34 / 6.6
     (r,) = b.measured["replans"]
-    assert (r["at_step"], r["was_total"], r["tokens_per_s"], r["timed_steps"]) == (45, 183, pytest.approx(151.5, abs=0.1),
-                                                                                  20)
+    assert (r["at_step"], r["was_total"], r["timed_steps"]) == (45, 183, 20)
+    assert r["tokens_per_s"] == pytest.approx(151.5, abs=0.1)
     assert r["projected_seconds"] == pytest.approx(259 + 910.8 + 0.66, abs=1e-3)
     assert "re-planned at step 45" in b.describe() and "157 steps in all (was 183)" in b.describe()
     # The learning rate: the first fix's cosine (201 steps), squeezed at the refit from step 25 into 158 steps,
