@@ -174,7 +174,7 @@ PROBE_MIN_SPEEDUP = 1.5
 """On a CPU whose flags promise a bf16 unit, bf16 is chosen only if its torch.mm runs this much faster than
 fp32 (a torch build without the oneDNN bf16 kernels would otherwise take the ~100x slower path)."""
 _PROBE_N = 512  # the policy's probe: ~3 ms in fp32 on 2 cores; well under a second even on the slow path
-_PROBE_WINDOWS, _PROBE_WINDOW_S = 5, 0.05  # its best of 5 windows of >= 50 ms (`mm_peak` window_s: why)
+_PROBE_WINDOWS = 5  # its best of 5 windows (`mm_peak` window_s)
 WORKLOADS = ("matmul", "decode")
 """What a stage mostly runs, and so what the CPU probe measures: "matmul" (batched forwards: extraction, training,
 batched regeneration) a 512^3 torch.mm; "decode" (the project decoder: one-token steps and (k+1)-token
@@ -301,7 +301,7 @@ def _cached_cpu_probe(workload: str = "matmul") -> dict[str, float]:
     except (OSError, ValueError):
         cache = {}
     if key not in cache:
-        rate = ((lambda d: mm_peak(d, max_n=_PROBE_N, repeats=_PROBE_WINDOWS, window_s=_PROBE_WINDOW_S).gflops_cpu)
+        rate = ((lambda d: mm_peak(d, max_n=_PROBE_N, repeats=_PROBE_WINDOWS).gflops_cpu)
                 if workload == "matmul" else decode_rate)
         cache[key] = {d: round(rate(d), 1) for d in ("float32", "bfloat16")}
         try:
@@ -371,7 +371,7 @@ class MatmulPeak:
 
 
 def mm_peak(dtype: str = "float32", device: str = "cpu", max_n: int = 2048, repeats: int = 3,
-            min_call_s: float = 0.25, window_s: float = 0.0) -> MatmulPeak:
+            min_call_s: float = 0.25, window_s: float = 0.05) -> MatmulPeak:
     """The torch.mm peak in ``dtype``: n doubles from 128 until one product takes ``min_call_s`` or n reaches
     ``max_n``, then the best of ``repeats``. The slow path (bf16 on an AVX2-only CPU, ~1 GFLOP/s) thus stops
     near n=512, well under 2 s, instead of taking ~20 s per 2048^3 product.
@@ -380,7 +380,8 @@ def mm_peak(dtype: str = "float32", device: str = "cpu", max_n: int = 2048, repe
     accounts a process's other threads' CPU time late, so one ~1-ms product (n=512 on 2 cores) misses up to all
     of the worker thread's: its "per CPU-second" rate came out as the wall rate, or half of it, by chance
     (session 16, one machine: bf16 361-437 in single products, 216-219 over 50-ms windows, 212-215 for 2048^3
-    products of ~80 ms)."""
+    products of ~80 ms; on a faster engine a 2048^3 product is a few ms, so the benches' peaks are windowed too).
+    0: one product per repeat."""
     import torch
 
     def sync():

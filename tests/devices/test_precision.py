@@ -134,11 +134,14 @@ def test_mm_peak_keeps_the_slow_path_short():
 def test_a_windowed_peak_runs_products_for_the_window():
     """One ~1-ms product misses the worker threads' CPU time (Linux accounts it late): the probe's per-CPU-second
     rate read the wall rate, 2x, by chance. Each of its windows runs products for window_s."""
+    import inspect
     import time
 
     t0 = time.perf_counter()
     peak = mm_peak("float32", max_n=128, repeats=3, window_s=0.05)
     assert time.perf_counter() - t0 >= 3 * 0.05 and peak.n == 128 and peak.gflops > 0 and peak.gflops_cpu > 0
+    # the default, which the probe and the benches' peaks (mm_peaks) use
+    assert inspect.signature(mm_peak).parameters["window_s"].default == 0.05
 
 
 def test_the_probe_is_measured_once_and_cached(tmp_path, monkeypatch):
@@ -152,6 +155,6 @@ def test_the_probe_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(devices, "mm_peak", fake)
     assert devices._cached_cpu_probe() == {"float32": 90.0, "bfloat16": 450.0}
     assert devices._cached_cpu_probe() == {"float32": 90.0, "bfloat16": 450.0}
-    assert calls == [("float32", 512, 5, 0.05), ("bfloat16", 512, 5, 0.05)]  # windows: `mm_peak` window_s
+    assert calls == [("float32", 512, 5, None), ("bfloat16", 512, 5, None)]  # mm_peak's windows (50 ms)
     (key, value), = json.loads((tmp_path / "precision-probe.json").read_text()).items()
     assert "threads" in key and value == {"float32": 90.0, "bfloat16": 450.0}
