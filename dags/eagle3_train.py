@@ -178,6 +178,11 @@ PARAMS = form_params({
     "after_train_reserve": Param(300, type="number", minimum=0, title="Reserve after training (s)",
                                  description="With a run time budget: seconds kept for the tasks after train "
                                              "(export, evaluate, publish, report)."),
+    "reserve_tokens_per_s": Param(0, type="number", minimum=0, title="Reserve sized at (extraction tok/s)",
+                                  description="The extraction rate at which the reserve above was sized (0: the "
+                                              "reserve as given). This run's measured extraction rate scales it: "
+                                              "a machine that extracts 2x faster keeps half, never less "
+                                              "(eagle3/train/budget.py scaled_reserve)."),
     "evaluate_backend": config_param(EvaluateConfig, "backend", enum=list(EVALUATE_BACKENDS),
                                      title="Benchmark engine"),
     "evaluate_compare_with": config_param(EvaluateConfig, "compare_with", items={"type": "string",
@@ -305,6 +310,7 @@ def eagle3_train():
     train = TrainOperator(
         task_id="train", nproc=TRAIN_GPUS, pool_slots=TRAIN_SLOTS, trigger_rule="none_failed",
         run_time_budget="{{ params.run_time_budget }}", after_train_reserve="{{ params.after_train_reserve }}",
+        reserve_tokens_per_s="{{ params.reserve_tokens_per_s }}",
         **GPU, **common,
         config={"store": layout.store(ROOT), "aux_layers": AUX_LAYERS,
                 "storage_option": "{{ params.storage_option }}",

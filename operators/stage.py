@@ -185,24 +185,58 @@ class TrainOperator(Eagle3StageOperator):
         run's start + run_time_budget - after_train_reserve (TrainConfig.train_deadline), or runs
         train_time_budget, whichever is longer (eagle3/train/budget.py).
     :param after_train_reserve: seconds kept for the tasks after train (templated).
+    :param reserve_tokens_per_s: the extraction rate (target tokens/s) at which after_train_reserve was sized
+        (templated; 0: the reserve as given). This run's extract shards' measured rate then scales it
+        (eagle3.train.budget.scaled_reserve): a machine that runs the target faster evaluates faster too, so it
+        keeps less and trains longer.
+    :param extract_task_id: the task whose results (the run's summaries) hold the extraction rate.
     """
 
-    template_fields = (*Eagle3StageOperator.template_fields, "run_time_budget", "after_train_reserve")
+    template_fields = (*Eagle3StageOperator.template_fields, "run_time_budget", "after_train_reserve",
+                       "reserve_tokens_per_s")
 
     def __init__(self, *, nproc: int = 1, run_time_budget: Any = 0, after_train_reserve: Any = 0,
-                 **kwargs: Any) -> None:
+                 reserve_tokens_per_s: Any = 0, extract_task_id: str = "extract", **kwargs: Any) -> None:
         kwargs.setdefault("stage", "train")
         super().__init__(**kwargs)
         self.nproc = nproc
         self.run_time_budget, self.after_train_reserve = run_time_budget, after_train_reserve
+        self.reserve_tokens_per_s, self.extract_task_id = reserve_tokens_per_s, extract_task_id
 
     def execute(self, context) -> Any:
         self._run_start = getattr(context.get("dag_run"), "start_date", None)
+        self._extract_rate = self._extraction_rate(context) if float(self.reserve_tokens_per_s or 0) > 0 else None
         return super().execute(context)
+
+    def _extraction_rate(self, context) -> float | None:
+        """This run's extraction rate from its extract shards' kept results; None (and why, logged) if none."""
+        import re
+
+        from eagle3 import storage
+        from eagle3.train.budget import extraction_rate
+
+        folder = self._layout(context).summaries
+        pattern = re.compile(re.escape(self.extract_task_id) + r"(\.\d+)?\.json")
+        results = []
+        for name in storage.list_files(folder):
+            if pattern.fullmatch(name):
+                uri = storage.join(folder, name)
+                try:
+                    result = storage.read_json(uri)
+                except Exception as e:  # noqa: BLE001 (a bad summary costs the scaling, never the run)
+                    self.log.warning("%s: unreadable (%s); the after-train reserve is not scaled by it", uri, e)
+                    continue
+                if isinstance(result, dict):
+                    results.append(result)
+        rate = extraction_rate(results)
+        if rate is None:
+            self.log.info("no extraction ran in this run (%d %s results in %s): the after-train reserve is kept "
+                          "as given", len(results), self.extract_task_id, folder)
+        return rate
 
     def build_config(self):
         from eagle3.errors import InputError
-        from eagle3.train.budget import run_deadline
+        from eagle3.train.budget import run_deadline, scaled_reserve
 
         budget, reserve = float(self.run_time_budget or 0), float(self.after_train_reserve or 0)
         if budget > 0 and reserve >= budget:
@@ -211,10 +245,15 @@ class TrainOperator(Eagle3StageOperator):
                              f"run_time_budget 0 (train_time_budget alone)")
         start = getattr(self, "_run_start", None)
         if budget > 0 and start is not None:
-            deadline = run_deadline(start.timestamp(), budget, reserve)
+            sized_at, measured = float(self.reserve_tokens_per_s or 0), getattr(self, "_extract_rate", None)
+            kept = scaled_reserve(reserve, sized_at, measured)
+            if kept != reserve:
+                self.log.info("after-train reserve %.0f s, sized at %.0f tok/s of extraction; this run extracted at "
+                              "%.0f tok/s: %.0f s kept", reserve, sized_at, measured, kept)
+            deadline = run_deadline(start.timestamp(), budget, kept)
             self.config = {**self.config, "train_deadline": deadline}
             self.log.info("run time budget %.0f s from %s, %.0f s kept after train: training runs until %s, or for "
-                          "train_time_budget if that ends later", budget, start.isoformat(), reserve,
+                          "train_time_budget if that ends later", budget, start.isoformat(), kept,
                           datetime.fromtimestamp(deadline, timezone.utc).isoformat())
         return super().build_config()
 

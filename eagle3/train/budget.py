@@ -28,7 +28,9 @@ in a row, or 3x that in one: load that came after the refit let a demo's 169-s b
 before the refit times its own steps for it (`refit_from` is saved); one resumed after keeps the saved total and
 the same curve, and checks it as above.
 `TrainConfig.train_deadline` stretches the budget to a wall-clock time (`budget_seconds`); the DAG computes it
-from the run's start, `run_time_budget` and `after_train_reserve` (`run_deadline`). Torch-free.
+from the run's start, `run_time_budget` and `after_train_reserve` (`run_deadline`), the reserve scaled to this
+run's measured extraction rate where `reserve_tokens_per_s` says at which rate it was sized (`scaled_reserve`).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -70,6 +72,32 @@ def run_deadline(run_start: float, run_time_budget: float, after_train_reserve: 
     ``run_time_budget`` seconds, ``after_train_reserve`` of them kept for the stages after train (0: no run
     budget, no deadline)."""
     return run_start + run_time_budget - after_train_reserve if run_time_budget > 0 else 0.0
+
+
+RESERVE_FLOOR = 0.5
+"""The share of ``after_train_reserve`` kept however fast this run extracted: a vLLM server's start and the
+tasks' start-ups do not speed up with the target's forward."""
+
+
+def scaled_reserve(reserve: float, sized_at_tokens_per_s: float, measured_tokens_per_s: float | None) -> float:
+    """``after_train_reserve`` for this machine: the stages after train (evaluate above all) run the target as
+    extraction did, so a reserve sized where extraction ran at ``sized_at_tokens_per_s`` shrinks by that over
+    this run's measured rate, to no less than RESERVE_FLOOR of it and never grown (a slower machine keeps the
+    reserve as given). Either rate unknown or 0: the reserve as given."""
+    if reserve <= 0 or not sized_at_tokens_per_s or not measured_tokens_per_s:
+        return reserve
+    return reserve * min(1.0, max(RESERVE_FLOOR, sized_at_tokens_per_s / measured_tokens_per_s))
+
+
+def extraction_rate(results: Iterable[dict]) -> float | None:
+    """Target tokens per second of forward over the extract shards' results (their ``tokens`` and
+    ``tokens_per_s``), weighted by tokens; None when no shard extracted anything (all reused, or online)."""
+    tokens = seconds = 0.0
+    for r in results:
+        n, rate = r.get("tokens") or 0, r.get("tokens_per_s") or 0
+        if n > 0 and rate > 0:
+            tokens, seconds = tokens + n, seconds + n / rate
+    return tokens / seconds if seconds > 0 else None
 
 
 def budget_seconds(cfg: TrainConfig, now: float | None = None) -> float:

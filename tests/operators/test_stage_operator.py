@@ -251,3 +251,36 @@ def test_train_operator_sets_the_deadline_from_the_runs_start(tmp_path, monkeypa
                                          "after_train_reserve=300 s"):
         TrainOperator(task_id="train", root=str(tmp_path), config={}, run_time_budget=300,
                       after_train_reserve=300).execute(ctx)
+
+
+def test_train_operator_scales_the_reserve_by_this_runs_extraction_rate(tmp_path, monkeypatch):
+    """The extract shards' kept results (the run's summaries) give the rate: 2 shards at 1,000 and 1,500 tok/s
+    of 3,000 tokens each -> 1,200 tok/s; a 270-s reserve sized at 750 keeps 270 * 750 / 1200 = 168.75 s."""
+    from datetime import datetime, timezone
+
+    from eagle3 import storage
+    from eagle3.layout import RunLayout
+    from operators.stage import TrainOperator
+
+    seen = []
+    monkeypatch.setattr(Eagle3StageOperator, "execute", lambda self, ctx: seen.append(dict(self.build_config())))
+    monkeypatch.setattr(Eagle3StageOperator, "build_config", lambda self: self.config)
+    start = datetime(2026, 12, 4, 15, 0, tzinfo=timezone.utc)
+    ctx = {**context(), "dag_run": SimpleNamespace(start_date=start)}
+    layout = RunLayout(str(tmp_path), "dag", "run1")
+
+    def train(sized_at="750"):
+        TrainOperator(task_id="train", root=str(tmp_path), config={}, run_time_budget="780",
+                      after_train_reserve="270", reserve_tokens_per_s=sized_at).execute(ctx)
+        return seen[-1]["train_deadline"] - start.timestamp()
+
+    assert train() == 780 - 270  # no extract results yet (online, or none kept): the reserve as given
+    storage.write_json(layout.task_result("extract", 0), {"tokens": 3000, "tokens_per_s": 1000.0})
+    storage.write_json(layout.task_result("extract", 1), {"tokens": 3000, "tokens_per_s": 1500.0})
+    storage.write_json(layout.task_result("extract_other", 0), {"tokens": 3000, "tokens_per_s": 10.0})  # not ours
+    assert train() == pytest.approx(780 - 168.75)
+    assert train(sized_at="0") == 780 - 270  # not sized: not scaled
+    storage.write_json(layout.task_result("extract", 1), {"tokens": 0, "tokens_per_s": None})  # reused its shard
+    assert train() == pytest.approx(780 - 202.5)  # 1,000 tok/s from shard 0 alone
+    Path(layout.task_result("extract", 0)).write_text("{not json")
+    assert train() == 780 - 270  # an unreadable result is logged and costs only the scaling

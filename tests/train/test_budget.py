@@ -17,7 +17,8 @@ from eagle3.checkpoint import read_metrics
 from eagle3.errors import InputError
 from eagle3.train import budget as budget_mod
 from eagle3.train import loop
-from eagle3.train.budget import EVAL_COST_PER_TOKEN, TimeBudget, budget_seconds, run_deadline, step_cost
+from eagle3.train.budget import (EVAL_COST_PER_TOKEN, RESERVE_FLOOR, TimeBudget, budget_seconds, extraction_rate,
+                                 run_deadline, scaled_reserve, step_cost)
 from eagle3.train.config import (BUDGET_DRIFT, BUDGET_PROBE_STEPS, BUDGET_REFIT_SHARE, BUDGET_REFIT_STEPS, TrainConfig,
                                  lr_at)
 from tests.train.test_loop import cfg_for, losses
@@ -45,6 +46,23 @@ def test_a_deadline_stretches_the_budget_never_shortens_it_hand_computed():
     assert TimeBudget.start(TrainConfig(store="s", vocab="v", out="o", train_deadline=900.0), 80, now=1200.0) is None
     with pytest.raises(InputError, match="train_deadline"):
         TrainConfig(store="s", vocab="v", out="o", train_deadline=-1.0)
+
+
+def test_the_reserve_shrinks_with_the_measured_extraction_rate_hand_computed():
+    """Session 18's demo: shards of 35,305 tokens at 979.7 tok/s and 37,743 at 976.3 -> 978.0 tok/s overall;
+    a 270-s reserve sized at 750 tok/s keeps 270 * 750 / 978.0 = 207.1 s (evaluate, publish and report took 175)."""
+    shards = [{"tokens": 35305, "tokens_per_s": 979.7}, {"tokens": 37743, "tokens_per_s": 976.3}]
+    rate = extraction_rate(shards)
+    assert rate == pytest.approx((35305 + 37743) / (35305 / 979.7 + 37743 / 976.3))
+    assert rate == pytest.approx(977.9, abs=0.1)
+    assert scaled_reserve(270, 750, rate) == pytest.approx(207.1, abs=0.1)
+    # a shard that reused everything (no tokens, no rate) weighs nothing; none that extracted: no rate
+    assert extraction_rate([*shards, {"tokens": 0, "tokens_per_s": None}]) == pytest.approx(rate)
+    assert extraction_rate([{"tokens": 0, "tokens_per_s": None}, {}]) is None and extraction_rate([]) is None
+    assert scaled_reserve(270, 750, 4000) == 270 * RESERVE_FLOOR == 135  # a GPU: never below the floor
+    assert scaled_reserve(270, 750, 600) == 270  # a slower machine: the reserve as given, never grown
+    assert scaled_reserve(270, 0, 978) == scaled_reserve(270, 750, None) == 270  # unsized or unmeasured
+    assert scaled_reserve(0, 750, 978) == 0
 
 
 def test_steps_that_read_cached_masks_are_priced_without_first_sights_hand_computed():
