@@ -20,8 +20,8 @@ PARAMS: dict = {
     # 150 s (was ~270 s of training) pays for regenerating chat and instructions within the 15 minutes
     "run_time_budget": 780,  # s from the DAG run's start: train stretches its budget to end by 780 - 270 s, so a
     "after_train_reserve": 270,  # machine that regenerated and extracted fast trains longer (evaluate: ~3.7 min)
-    "reserve_tokens_per_s": 750,  # the reserve's extraction rate (the AVX2 machine's): one that extracted at
-    # 1,000 tok/s keeps 203 s (it used 175), so it trains ~1 min more (README "The demo")
+    "reserve_tokens_per_s": 750,  # up to this extraction rate (fp32 machines; the AVX2 one ran ~530) the whole
+    # reserve is kept; one at 1,107 tok/s keeps 183 s (it used 176) and trains ~2.7 min more (README "The demo")
     "draft_variant": "eagle3",  # eagle3 | eagle3.1: eagle3 won the demo's paired comparison (README "vLLM")
     "lr": 2e-3,
     "extract_token_budget": 1024,
