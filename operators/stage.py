@@ -205,20 +205,27 @@ class TrainOperator(Eagle3StageOperator):
 
     def execute(self, context) -> Any:
         self._run_start = getattr(context.get("dag_run"), "start_date", None)
-        self._extract_rate = self._extraction_rate(context) if float(self.reserve_tokens_per_s or 0) > 0 else None
+        self._summaries = self._layout(context).summaries  # read in build_config, once storage is configured
         return super().execute(context)
 
-    def _extraction_rate(self, context) -> float | None:
+    def _extraction_rate(self) -> float | None:
         """This run's extraction rate from its extract shards' kept results; None (and why, logged) if none."""
         import re
 
         from eagle3 import storage
         from eagle3.train.budget import extraction_rate
 
-        folder = self._layout(context).summaries
+        folder = getattr(self, "_summaries", None)
+        if folder is None:
+            return None
         pattern = re.compile(re.escape(self.extract_task_id) + r"(\.\d+)?\.json")
+        try:
+            names = storage.list_files(folder)
+        except Exception as e:  # noqa: BLE001 (an unlistable folder costs the scaling, never the run)
+            self.log.warning("%s: cannot list (%s); the after-train reserve is kept as given", folder, e)
+            return None
         results = []
-        for name in storage.list_files(folder):
+        for name in names:
             if pattern.fullmatch(name):
                 uri = storage.join(folder, name)
                 try:
@@ -245,7 +252,8 @@ class TrainOperator(Eagle3StageOperator):
                              f"run_time_budget 0 (train_time_budget alone)")
         start = getattr(self, "_run_start", None)
         if budget > 0 and start is not None:
-            sized_at, measured = float(self.reserve_tokens_per_s or 0), getattr(self, "_extract_rate", None)
+            sized_at = float(self.reserve_tokens_per_s or 0)
+            measured = self._extraction_rate() if sized_at > 0 and reserve > 0 else None
             kept = scaled_reserve(reserve, sized_at, measured)
             if kept != reserve:
                 self.log.info("after-train reserve %.0f s, sized at %.0f tok/s of extraction; this run extracted at "

@@ -284,3 +284,24 @@ def test_train_operator_scales_the_reserve_by_this_runs_extraction_rate(tmp_path
     assert train() == pytest.approx(780 - 202.5)  # 1,000 tok/s from shard 0 alone
     Path(layout.task_result("extract", 0)).write_text("{not json")
     assert train() == 780 - 270  # an unreadable result is logged and costs only the scaling
+
+
+def test_train_operator_reads_the_extraction_rate_from_an_s3_root(s3_bucket, monkeypatch):
+    """The same scaling with the run's summaries on S3 (a moto endpoint): read when the config is built, after
+    the task has configured storage."""
+    from datetime import datetime, timezone
+
+    from eagle3 import storage
+    from eagle3.layout import RunLayout
+    from operators.stage import TrainOperator
+
+    seen = []
+    monkeypatch.setattr(Eagle3StageOperator, "execute", lambda self, ctx: seen.append(dict(self.build_config())))
+    monkeypatch.setattr(Eagle3StageOperator, "build_config", lambda self: self.config)
+    start = datetime(2026, 12, 4, 15, 0, tzinfo=timezone.utc)
+    root = f"{s3_bucket}/eagle3"
+    shard = RunLayout(root, "dag", "run1").task_result("extract", 0)
+    storage.write_json(shard, {"tokens": 6000, "tokens_per_s": 1500.0})
+    TrainOperator(task_id="train", root=root, config={}, run_time_budget=780, after_train_reserve=270,
+                  reserve_tokens_per_s=750).execute({**context(), "dag_run": SimpleNamespace(start_date=start)})
+    assert seen[-1]["train_deadline"] - start.timestamp() == pytest.approx(780 - 135)  # 750 / 1500: half kept
