@@ -50,10 +50,20 @@ def test_injected_oom_retries_once_and_resumes_with_half_batch(airflow_home, tmp
     state = json.loads((run / "checkpoint" / "latest.json").read_text())
     train_state = json.loads((run / "checkpoint" / state["dir"] / "train_state.json").read_text())
     assert train_state["token_budget"] == 256 and train_state["grad_accum"] == 2, train_state
-    # The Params' defaults (the demo's) give the run 780 s, 270 of them kept after train: the tiny run reached
-    # train within a few minutes, so its 150-s budget was stretched to the deadline (max_steps still ends it).
+    # The Params' defaults (the demo's) give the run 780 s, 270 of them kept after train at 750 tok/s of
+    # extraction: the tiny target extracted far faster, so the reserve shrank to its floor (half), and the tiny run
+    # reached train within a few minutes, so its 150-s budget was stretched to that deadline (max_steps ends it).
+    from eagle3.demo.settings import PARAMS
+    from eagle3.train.budget import RESERVE_FLOOR, extraction_rate, scaled_reserve
+
+    shards = [json.loads(p.read_text()) for p in (run / "summaries").glob("extract.*.json")]
+    rate = extraction_rate(shards)
+    kept = scaled_reserve(PARAMS["after_train_reserve"], PARAMS["reserve_tokens_per_s"], rate)
+    assert PARAMS["run_time_budget"] == 780 and PARAMS["after_train_reserve"] == 270 and rate > 2 * 750, shards
+    assert kept == 270 * RESERVE_FLOOR
+    assert f"this run extracted at {rate:.0f} tok/s: {kept:.0f} s kept" in proc.stdout  # the train task's log
     budget = json.loads((run / "summaries" / "train.json").read_text())["budget"]
-    assert 150 < budget["seconds"] <= 780 - 270, budget
+    assert 150 < budget["seconds"] <= 780 - kept, budget
 
 
 def test_bad_input_fails_once_without_retry(airflow_home, tmp_path, tiny_llama_dir):
