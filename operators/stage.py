@@ -210,31 +210,12 @@ class TrainOperator(Eagle3StageOperator):
 
     def _extraction_rate(self) -> float | None:
         """This run's extraction rate from its extract shards' kept results; None (and why, logged) if none."""
-        import re
-
-        from eagle3 import storage
+        from eagle3.report.collect import task_results
         from eagle3.train.budget import extraction_rate
 
         folder = getattr(self, "_summaries", None)
-        if folder is None:
-            return None
-        pattern = re.compile(re.escape(self.extract_task_id) + r"(\.\d+)?\.json")
-        try:
-            names = storage.list_files(folder)
-        except Exception as e:  # noqa: BLE001 (an unlistable folder costs the scaling, never the run)
-            self.log.warning("%s: cannot list (%s); the after-train reserve is kept as given", folder, e)
-            return None
-        results = []
-        for name in names:
-            if pattern.fullmatch(name):
-                uri = storage.join(folder, name)
-                try:
-                    result = storage.read_json(uri)
-                except Exception as e:  # noqa: BLE001 (a bad summary costs the scaling, never the run)
-                    self.log.warning("%s: unreadable (%s); the after-train reserve is not scaled by it", uri, e)
-                    continue
-                if isinstance(result, dict):
-                    results.append(result)
+        shards = task_results(folder).get(self.extract_task_id) if folder else None  # unreadable ones: logged, None
+        results = [r for r in ([shards] if isinstance(shards, dict) else shards or []) if isinstance(r, dict)]
         rate = extraction_rate(results)
         if rate is None:
             self.log.info("no extraction ran in this run (%d %s results in %s): the after-train reserve is kept "
