@@ -59,6 +59,7 @@ usage: .venv/bin/python bench/train_bench.py [--precisions float32,bfloat16] [--
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -74,9 +75,45 @@ import torch  # noqa: E402
 from eagle3.memory import tune_cpu_malloc  # noqa: E402
 from eagle3.devices import best_peak, check_precision, is_slow_path, mm_peaks, resolve_precision  # noqa: E402
 from eagle3.draft import DraftConfig, Eagle3Draft  # noqa: E402
-from eagle3.draft.ttt import label_rows, target_from_last, ttt_forward  # noqa: E402
+from eagle3.draft.ttt import label_rows, target_from_last  # noqa: E402
+from eagle3.train.objective import ttt_function  # noqa: E402
 
-H, I, HEADS, KV, V = 576, 1536, 9, 3, 49152
+SHAPES = {  # (H, I, heads, kv heads, V): a draft's widths are its target's
+    "smollm2": (576, 1536, 9, 3, 49152),
+    "llama3-8b": (4096, 14336, 32, 8, 128256),
+    "kimi-k2": (7168, 18432, 64, 64, 163840),  # the widths of docs/train.md's sizing table
+}
+H, I, HEADS, KV, V = SHAPES["smollm2"]
+GPU_MM_N = 8192
+"""The torch.mm peak's largest n on a GPU: 2048 leaves an H200 at a fraction of its rate (8192 measured 788
+TFLOP/s in bf16 there)."""
+
+
+def set_shape(name: str) -> None:
+    global H, I, HEADS, KV, V
+    if name not in SHAPES:
+        raise SystemExit(f"--shape {name!r}: use one of {', '.join(SHAPES)}")
+    H, I, HEADS, KV, V = SHAPES[name]
+
+
+def draft_shape(vd: int):
+    from eagle3.memory import DraftShape
+
+    return DraftShape(hidden=H, intermediate=I, heads=HEADS, kv_heads=KV, head_dim=H // HEADS, vocab=V,
+                      draft_vocab=vd)
+
+
+def cuda_memory(precision: str, args, tokens: int) -> dict:
+    """The step's peaks of torch's CUDA allocator (allocated, and reserved: what the device gives up) next to
+    eagle3/memory.py's prediction for the same micro-batch, less its runtime term (the CUDA context is not in the
+    allocator's count); the prediction's CUDA_TRAIN_EXCESS models reserved over the counted tensors."""
+    from eagle3.memory import GiB, RUNTIME_BYTES, training_peak
+
+    pred = training_peak(draft_shape(args.vd), tokens, args.ttt_length, precision, args.checkpoint_steps,
+                         soft_labels=True, device="cuda")["bytes"] - RUNTIME_BYTES["cuda"]
+    peak, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    return {"cuda_peak_gib": round(peak / GiB, 2), "cuda_reserved_gib": round(reserved / GiB, 2),
+            "predicted_gib": round(pred / GiB, 2), "measured_over_predicted": round(reserved / pred, 3)}
 
 
 def timed(fn, device: str, repeat: int, warmup: bool = True) -> tuple[float, float]:
@@ -120,10 +157,10 @@ def build(vd: int, dev: str):
     d2t = torch.randperm(V)[:vd].sort().values - torch.arange(vd)
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[torch.arange(vd) + d2t] = True
-    draft = Eagle3Draft(cfg, torch.randn(V, H) * 0.02, d2t, t2d).to(dev)
+    draft = Eagle3Draft(cfg, torch.randn(V, H, device=dev) * 0.02, d2t, t2d).to(dev)
     for p in draft.parameters():
         torch.nn.init.normal_(p, std=0.02) if p.dim() > 1 else torch.nn.init.ones_(p)
-    head = (torch.randn(V, H) * 0.05).to(dev)
+    head = torch.randn(V, H, device=dev) * 0.05  # on the device: Kimi-K2's [V, H] is 4.4 GiB
     return draft, head, torch.optim.AdamW(draft.parameters(), lr=1e-4, betas=(0.9, 0.95))
 
 
@@ -155,6 +192,9 @@ def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters
     trainer's way, soft labels only where a loss reads them and sparse TTT steps, else every position."""
     from eagle3.train.data import collate
 
+    if dev.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     draft, head, opt = build(args.vd, dev)
     b, t = rows, seq_len
     batch = {"input_ids": torch.randint(0, V, (b, t), device=dev), "aux": torch.randn(b, t, 3 * H, device=dev),
@@ -163,24 +203,36 @@ def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters
         batch["loss_mask"][:, : t - max(1, round(answer_share * t))] = 0
     device_type = torch.device(dev).type
 
-    def step() -> None:
+    forward = ttt_function(args.compile)
+
+    def step(phase=lambda name: None) -> None:
         nonlocal batch
         if source is not None:
             batch = collate(source[0], source[1], dev)
+        phase("labels")
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
             with torch.no_grad():
                 logits, in_draft = target_from_last(batch["last"], head, draft.d2t, draft.t2d,
                                                     rows=label_rows(batch["loss_mask"]) if labels_where_read else None)
-            res = ttt_forward(draft, batch["input_ids"], batch["aux"], logits, torch.ones_like(in_draft),
-                              batch["loss_mask"], ttt_length=args.ttt_length, attention=attention,
-                              checkpoint_steps=args.checkpoint_steps, sparse=None if labels_where_read else False)
+            phase("forward")
+            res = forward(draft, batch["input_ids"], batch["aux"], logits, torch.ones_like(in_draft),
+                          batch["loss_mask"], ttt_length=args.ttt_length, attention=attention,
+                          checkpoint_steps=args.checkpoint_steps, sparse=None if labels_where_read else False)
         opt.zero_grad(set_to_none=True)
+        phase("backward")
         res.loss.backward()
+        phase("optimizer")
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
         opt.step()
+        phase("")
 
     sec, cpu_sec = timed(step, dev, iters, warmup=not args.no_warmup)
     tokens = b * t
+    memory = cuda_memory(precision, args, tokens) if dev.startswith("cuda") and source is None else {}
+    if args.phases:
+        memory["phases"] = phases(step, dev)
+    if args.profile:
+        profile(step, dev, args.profile)
     f = flops_per_token(args.vd, args.ttt_length)
     target = 2 * source[0].capture.params() if source is not None else 0
     counted = (f["draft_train"] + f["target_head"] + target) * tokens
@@ -191,7 +243,66 @@ def run_precision(precision: str, args, dev: str, rows: int, seq_len: int, iters
             "rows": b, "seq_len": t, "iters": iters, "step_wall_s": round(sec, 3),
             "step_cpu_s": round(cpu_sec, 3), "tokens_per_s": round(tokens / sec, 1),
             "counted_gflops_wall": counted / sec / 1e9, "counted_gflops_cpu": counted / cpu_sec / 1e9,
-            "draft_gflops_cpu": f["draft_train"] * tokens / cpu_sec / 1e9}
+            "draft_gflops_cpu": f["draft_train"] * tokens / cpu_sec / 1e9, **memory}
+
+
+LOSS_BLOCKS = ("device", "cpu")
+
+
+def loss_block_choices(text: str) -> list[str]:
+    got = [b.strip() for b in text.split(",") if b.strip()]
+    if not got or set(got) - set(LOSS_BLOCKS):
+        raise SystemExit(f"--loss-blocks {text!r}: use {' or '.join(LOSS_BLOCKS)}, or both comma-separated")
+    return got
+
+
+@contextlib.contextmanager
+def loss_blocks(which: str):
+    """The fused loss's block sizes: the device's own (eagle3/memory.py block_sizes), or the CPU's on any device."""
+    from eagle3 import memory
+    from eagle3.draft import loss
+
+    own = loss.block_sizes
+    if which == "cpu":
+        loss.block_sizes = lambda device_type: memory.block_sizes("cpu")
+    try:
+        yield
+    finally:
+        loss.block_sizes = own
+
+
+def phases(step, dev: str) -> dict:
+    """One more step, synchronised at each phase's edge: {phase: {wall_s, and on CUDA the allocator's peak
+    during the phase and what was allocated when it began, GiB}}."""
+    cuda = dev.startswith("cuda")
+    out, cur = {}, {"name": None, "t": 0.0}
+
+    def phase(name: str) -> None:
+        _sync(dev)
+        now = time.perf_counter()
+        if cur["name"]:
+            row = out[cur["name"]] = {"wall_s": round(now - cur["t"], 4)}
+            if cuda:
+                row.update(start_gib=cur["start"], peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2))
+        if cuda:
+            cur["start"] = round(torch.cuda.memory_allocated() / 2**30, 2)
+            torch.cuda.reset_peak_memory_stats()
+        cur.update(name=name, t=time.perf_counter())
+
+    step(phase)
+    return out
+
+
+def profile(step, dev: str, top: int) -> None:
+    """torch.profiler over one step: the ``top`` ops by device time (CUDA) or CPU time, printed."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.startswith("cuda") else [])
+    with torch_profile(activities=acts) as prof:
+        step()
+        _sync(dev)
+    key = "cuda_time_total" if dev.startswith("cuda") else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60), flush=True)
 
 
 def dense_scores_bytes(seq_len: int, ttt_length: int) -> int:
@@ -226,9 +337,10 @@ def run_lengths(args, precisions: list[str], dev: str) -> None:
     """--seq-lens: each (precision, attention, length) in a fresh child; tok/s and the child's peak RSS."""
     lengths = [int(x) for x in args.seq_lens.split(",") if x.strip()]
     attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
-    passed = ["--vd", str(args.vd), "--ttt-length", str(args.ttt_length), "--iters", str(args.iters),
+    passed = ["--shape", args.shape, "--vd", str(args.vd), "--ttt-length", str(args.ttt_length), "--iters", str(args.iters),
               "--device", dev, "--threads", str(args.threads)]
-    passed += [f for f, on in (("--no-warmup", args.no_warmup), ("--checkpoint-steps", args.checkpoint_steps)) if on]
+    passed += [f for f, on in (("--no-warmup", args.no_warmup), ("--checkpoint-steps", args.checkpoint_steps),
+                               ("--compile", args.compile), ("--phases", args.phases)) if on]
     rows = []
     for p in precisions:
         for t in lengths:
@@ -252,11 +364,14 @@ def run_lengths(args, precisions: list[str], dev: str) -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     ckpt = ", checkpointed TTT steps" if args.checkpoint_steps else ""
-    print(f"TTT {args.ttt_length}, Vd {args.vd}, one row, {args.threads or torch.get_num_threads()} threads, {dev}{ckpt}:")
+    print(f"{args.shape} widths, TTT {args.ttt_length}, Vd {args.vd}, one row, "
+          f"{args.threads or torch.get_num_threads()} threads, {dev}{ckpt}:")
     for r in rows:
+        mem = (f"CUDA reserved {r['cuda_reserved_gib']:6.2f} GiB (predicted {r['predicted_gib']:6.2f}: "
+               f"{r['measured_over_predicted']:.2f}x)" if "cuda_peak_gib" in r else f"peak RSS {r['peak_rss_gib']:5.2f} GiB")
         what = (r.get("skipped") or r.get("failed")
                 or f"{r['tokens_per_s']:8,.0f} tok/s  step {r['step_wall_s']:7.1f} s wall {r['step_cpu_s']:7.1f} s "
-                   f"CPU  peak RSS {r['peak_rss_gib']:5.2f} GiB")
+                   f"CPU  {mem}")
         print(f"  {r['precision']:8s} {r['attention']:9s} T={r['seq_len']:6d}: {what}")
 
 
@@ -297,6 +412,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precisions", default="float32,bfloat16",
                     help="comma-separated compute precisions to run side by side (float32, bfloat16)")
+    ap.add_argument("--shape", default="smollm2", help=f"the draft's widths: {', '.join(SHAPES)}")
     ap.add_argument("--vd", type=int, default=8192, help="draft vocab (8192 or 32000)")
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=512)
@@ -313,6 +429,16 @@ def main() -> None:
                     help="--seq-lens: TTT attentions to run side by side (blockwise, dense)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="time the first step too (long lengths: one step dwarfs the one-time set-up)")
+    ap.add_argument("--compile", action="store_true",
+                    help="the TTT step through torch.compile, as `eagle3 train --compile` runs it")
+    ap.add_argument("--phases", action="store_true",
+                    help="one more step timed per phase (labels, forward, backward, optimizer); on CUDA with each "
+                         "phase's allocator peak")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="torch.profiler over one more step: print the N ops with the most device (or CPU) time")
+    ap.add_argument("--loss-blocks", default="device",
+                    help="the fused loss's block sizes: device (eagle3/memory.py block_sizes), cpu (the CPU's on "
+                         "any device), or 'device,cpu' side by side with the ratio")
     ap.add_argument("--checkpoint-steps", action="store_true",
                     help="activation checkpointing per TTT step (ttt_forward(checkpoint_steps=True))")
     ap.add_argument("--peer", nargs="?", const="/work/peer-venv/bin/python", default="",
@@ -333,6 +459,7 @@ def main() -> None:
     if not mallocs or set(mallocs) - set(MALLOCS):
         raise SystemExit(f"--malloc {args.malloc!r}: use {', '.join(MALLOCS)} or both, comma-separated")
     dev = args.device
+    set_shape(args.shape)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:
@@ -349,7 +476,8 @@ def main() -> None:
     if args.peer and (args.rows != 1 or not on_cpu or args.online):
         raise SystemExit("--peer compares one row per step on the CPU, offline: give --rows 1 (and no --online)")
 
-    before = mm_peaks(dev)
+    mm_n = GPU_MM_N if dev.startswith("cuda") else 2048
+    before = mm_peaks(dev, max_n=mm_n)
     runs = []
     for p in precisions:
         slow = is_slow_path(before, p, cpu_time=on_cpu)
@@ -359,7 +487,10 @@ def main() -> None:
                 runs.append({**run_precision(p, args, dev, rows, seq_len, iters, answer_share=args.answer_share,
                                              labels_where_read=where_read), "reduced_shape": slow})
             continue
-        runs.append({**run_precision(p, args, dev, rows, seq_len, iters), "reduced_shape": slow})
+        for blocks in loss_block_choices(args.loss_blocks):
+            with loss_blocks(blocks):
+                runs.append({**run_precision(p, args, dev, rows, seq_len, iters), "reduced_shape": slow,
+                             "loss_blocks": blocks})
         if args.online:
             src = online_source(args.model, args.storage_option, p, dev, rows, seq_len)
             runs.append({**run_precision(p, args, dev, rows, seq_len, iters, src), "reduced_shape": slow,
@@ -374,7 +505,7 @@ def main() -> None:
             peer_runs[p] = peer_bench.alternate(args.peer, p, args.seq_len, args.ttt_length, args.vd,
                                                 args.threads or torch.get_num_threads(), args.iters,
                                                 args.peer_rounds, malloc=mallocs[0])
-    peaks = mm_peaks(dev, cpu_time=on_cpu, earlier=before)  # again after the steps: the machine may be shared
+    peaks = mm_peaks(dev, max_n=mm_n, cpu_time=on_cpu, earlier=before)  # again after the steps: the machine may be shared
     rate = (lambda pk: pk.gflops_cpu) if on_cpu else (lambda pk: pk.gflops)
     best = best_peak(peaks, cpu_time=on_cpu)
     for r in runs:
@@ -413,11 +544,20 @@ def main() -> None:
         if r["answer_share"]:
             shape += ", labels where read + sparse steps: FLOPs counted as every position's" \
                 if r["labels_where_read"] else ", every position"
+        if "cuda_peak_gib" in r:
+            shape += f", CUDA reserved {r['cuda_reserved_gib']:.2f} GiB (predicted {r['predicted_gib']:.2f})"
+        if r.get("loss_blocks", "device") != "device":
+            shape += f", the loss in {r['loss_blocks']}-sized blocks"
         print(f"train {r['mode']:7s} {r['precision']:8s} [{shape}]: {r['tokens_per_s']:,.0f} tok/s (wall) | "
               f"counted matmuls "
               f"{r['counted_gflops_cpu' if on_cpu else 'counted_gflops_wall']:.1f} GFLOP/s = "
               f"{100 * r['fraction_of_best_peak']:.0f}% of the best peak ({best.dtype}), "
               f"{100 * r['fraction_of_own_peak']:.0f}% of its own dtype's (goal >= 50% of the best)")
+    for p in precisions:
+        pair = {r["loss_blocks"]: r for r in runs if r["precision"] == p and "loss_blocks" in r}
+        if {"device", "cpu"} <= set(pair):
+            print(f"  {p}: the loss in the device's blocks / in the CPU's: "
+                  f"{pair['cpu']['step_wall_s'] / pair['device']['step_wall_s']:.2f}x faster (wall per step)")
     if args.answer_share:
         for p in precisions:
             every, where = (next(r for r in runs if r["precision"] == p and r["labels_where_read"] == w)

@@ -9,8 +9,8 @@ Training (eagle3/train/loop.py, one micro-batch of N padded tokens, rows x longe
              the target's lm_head, both fp32 [V, H] (eagle3/draft/build.py loads them so); the runtime;
              per TTT step, the fused loss's fp32 lm_head gradient [Vd, H] (eagle3/draft/loss.py computes it in
              the forward and saves it; with checkpointed steps only the step being recomputed holds one).
-             The loss's blocks of logits and their gradient are bounded whatever T (2 x loss.BLOCK_BYTES,
-             inside USABLE_SHARE's margin).
+             The loss's blocks of logits, their gradient and fp32 copy are bounded whatever T
+             (`loss_workspace_bytes`: 49 MiB on a CPU, 640 MiB on a GPU, whose blocks are larger).
   per token  inputs as collated (eagle3/train/data.py: ids int64, aux fp32 [3H], last fp32 [H]);
              the target's draft-vocab logits fp32 [Vd]; the TTT steps' saved activations (`step_bytes`).
              The fused loss keeps no [T, Vd] tensor: its saved h gradient (fp32 [H]) is in `step_bytes`.
@@ -21,8 +21,8 @@ them), so the blockwise attention's O(T) cost is in them: it saves q, k, v, the 
 What the allocator keeps is not counted: on the CPU, the freed blocks glibc keeps in the threads' arenas (with its
 default dynamic mmap threshold, identical 4K fp32 training steps measured 0-0.7 GiB of peak RSS over the prediction;
 bench/train_bench.py ALLOCATOR_ENV measures without it; the trainer fixes the threshold at 32 MiB and keeps up to
-256 MiB at a heap's top: `CPU_MALLOC`); on CUDA the caching allocator's fragmentation.
-USABLE_SHARE and the OOM retry are the margin.
+256 MiB at a heap's top: `CPU_MALLOC`). On CUDA the caching allocator's reserve and an uncounted transient of the
+forward pass are a measured share of the rest (`CUDA_TRAIN_EXCESS`). USABLE_SHARE and the OOM retry are the margin.
 
 Extraction: the target's weights (by dtype or quantization, split over tensor x pipeline parallel ranks) plus
 the forward's activations for the token budget (hidden streams, the MLP's inner width, the captured aux/last
@@ -41,11 +41,43 @@ RUNTIME_BYTES = {"cpu": 300 * 2 ** 20, "cuda": GiB}
 """What a training process holds before its tensors: on CPU Python + torch + oneDNN (a process that built
 SmolLM2's draft measured 554 MiB RSS, of which 265 MiB are its tensors); on CUDA the context and kernels
 (about 0.5-1 GiB on recent GPUs, which torch's allocator does not count but the device does)."""
+CUDA_TRAIN_EXCESS = 0.16
+"""On CUDA, the caching allocator's reserved peak of a training step over the counted tensors: 1.13-1.16x on an
+H200 (2026-12-04; bench/train_bench.py --device cuda, bf16, Llama-3-8B widths at 1x4096 and 4x2048, Kimi-K2's
+at 4K and 16K: allocated 1.07-1.10x, the rest the allocator's rounding and cached blocks). The allocated excess
+is a transient at the end of the forward pass (`--phases`: 3.7 GiB at Llama-3-8B widths, 7.6 GiB at Kimi-K2's,
+above what the backward starts with), not yet attributed; so it is a measured share, not a counted term."""
 USABLE_SHARE = 0.9
 """Share of the device's memory the gate lets a prediction use: the allocator's fragmentation and what the
 model leaves out (the OOM retry is the safety net)."""
 BUDGET_STEP = 64
 """Token budgets the gate picks are multiples of this (the DAG's Param minimum)."""
+
+LOSS_BLOCK_BYTES = 16 << 20
+"""The fused loss's logits per block on a CPU (eagle3/draft/loss.py; 1,024 rows in bf16 at Vd 8192): big enough for
+efficient GEMMs, under glibc's mmap threshold ceiling (32 MiB), so the blocks' buffers are reused instead of mapped
+and faulted anew."""
+LOSS_CHUNK_BYTES = 1 << 20
+"""fp32 logits per elementwise chunk on a CPU (32 rows at Vd 8192): a chunk's two passes stay in L2."""
+CUDA_LOSS_BLOCK_BYTES = 128 << 20
+"""Logits per block on a GPU (2,048 rows in bf16 at Vd 32,000), one elementwise chunk per block: the CPU's sizes
+launch ~10 kernels per 8 rows there, and an H200 step at Llama-3-8B widths ran launch-bound (bench/train_bench.py
+--loss-blocks measures both side by side)."""
+
+
+def block_sizes(device_type: str) -> tuple[int, int]:
+    """The fused loss's (logit bytes per block, fp32 logit bytes per elementwise chunk) on that kind of device."""
+    if device_type == "cuda":
+        return CUDA_LOSS_BLOCK_BYTES, 2 * CUDA_LOSS_BLOCK_BYTES  # the chunk holds a whole block's fp32 copy
+    return LOSS_BLOCK_BYTES, LOSS_CHUNK_BYTES
+
+
+def loss_workspace_bytes(device_type: str) -> int:
+    """The most one block of the fused loss holds: its logits, their gradient, a gathered block of probabilities
+    and an fp32 chunk."""
+    block, chunk = block_sizes(device_type)
+    return 3 * block + chunk
+
 
 BYTES_PER_DTYPE = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8": 1, "fp8": 1,
                    "int8": 1, "int4": 0.5}
@@ -119,6 +151,7 @@ def training_peak(s: DraftShape, tokens: int, ttt_length: int, precision: str = 
               "frozen embedding": 4 * s.vocab * s.hidden,
               "target lm_head": 4 * s.vocab * s.hidden if soft_labels else 0,
               "loss's lm_head gradients": step_static_bytes(s) * (1 if checkpoint_steps else ttt_length),
+              "loss's logit blocks": loss_workspace_bytes("cuda" if device.startswith("cuda") else "cpu"),
               "runtime": RUNTIME_BYTES["cuda" if device.startswith("cuda") else "cpu"]}
     acts = step_bytes(s, precision, checkpoint_steps, True) + (ttt_length - 1) * step_bytes(
         s, precision, checkpoint_steps, False)
@@ -131,6 +164,9 @@ def training_peak(s: DraftShape, tokens: int, ttt_length: int, precision: str = 
         # cast back and the all_reduce's copy: (8 + 6 b) bytes per kv element, b the compute dtype's size
         b = 2 if precision == "bfloat16" else 4
         per_token["gathered step-0 keys"] = (8 + 6 * b) * s.kv_heads * s.head_dim
+    if device.startswith("cuda"):  # what the allocator reserves beyond the counted tensors, measured
+        static["CUDA allocator's excess (static)"] = CUDA_TRAIN_EXCESS * (sum(static.values()) - static["runtime"])
+        per_token["CUDA allocator's excess (per token)"] = CUDA_TRAIN_EXCESS * sum(per_token.values())
     parts = {**static, **{k: v * tokens for k, v in per_token.items()}}
     return {"bytes": int(sum(parts.values())), "static": int(sum(static.values())),
             "per_token": float(sum(per_token.values())), "parts": {k: int(v) for k, v in parts.items()}}

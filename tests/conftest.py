@@ -29,9 +29,16 @@ def smollm2_dir() -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory, smollm2_dir) -> str:
+def tokenizer_dir(request) -> str:
+    """SmolLM2's tokenizer files: $EAGLE3_TEST_TOKENIZER where set (a GPU machine that cannot hold the 94-MB
+    GGUF gets these 3.5 MB instead), else the bundled model's."""
+    return os.environ.get("EAGLE3_TEST_TOKENIZER") or request.getfixturevalue("smollm2_dir")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, tokenizer_dir) -> str:
     """A random 8-layer, 64-wide Llama with SmolLM2's tokenizer and chat template."""
-    return save_random_llama(tmp_path_factory.mktemp("tiny-llama"), tiny_llama_config(), smollm2_dir)
+    return save_random_llama(tmp_path_factory.mktemp("tiny-llama"), tiny_llama_config(), tokenizer_dir)
 
 
 @pytest.fixture(scope="session")

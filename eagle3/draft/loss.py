@@ -24,11 +24,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-BLOCK_BYTES = 16 << 20
-"""Logits per block: 16 MiB of them (1024 rows in bf16 at Vd 8192): big enough for efficient GEMMs, under
-glibc's mmap threshold ceiling (32 MiB), so the blocks' buffers are reused instead of mapped and faulted anew."""
-CHUNK_BYTES = 1 << 20
-"""fp32 logits per elementwise chunk (32 rows at Vd 8192): a chunk's two passes stay in L2."""
+from eagle3.memory import block_sizes  # the blocks are a memory fact: eagle3/memory.py sizes them
 
 
 def soft_ce_reference(h: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, top: torch.Tensor,
@@ -93,8 +89,9 @@ class _HeadSoftCE(torch.autograd.Function):
         ctx.h_dtype, ctx.w_dtype = h.dtype, weight.dtype
         with torch.autocast(h.device.type, enabled=False):
             w = cast_cached(weight, dtype)
-            block = _blocks(len(rows_t), vd, probs.element_size(), BLOCK_BYTES)
-            chunk = _blocks(block, vd, 4, CHUNK_BYTES)
+            block_bytes, chunk_bytes = block_sizes(h.device.type)
+            block = _blocks(len(rows_t), vd, probs.element_size(), block_bytes)
+            chunk = _blocks(block, vd, 4, chunk_bytes)
             for r0 in range(0, len(rows_t), block):
                 r1 = min(len(rows_t), r0 + block)
                 if whole:

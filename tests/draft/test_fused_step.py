@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eagle3 import memory
 from eagle3.draft import argmax, loss
 from eagle3.draft.attention import sample_starts, ttt_attention, window_starts
 from eagle3.draft.flash import segments
@@ -20,13 +21,14 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-12))
 
 
-def _loss_case(b, n, h, vd, mask, autocast, fn, scale=0.37):
+def _loss_case(b, n, h, vd, mask, autocast, fn, scale=0.37, device="cpu"):
     torch.manual_seed(0)
-    x = torch.randn(b, n, h, requires_grad=True)
-    w = (torch.randn(vd, h) * 0.3).requires_grad_()
-    probs = torch.randn(b, n, vd).mul(2).softmax(-1)
+    x = torch.randn(b, n, h, device=device, requires_grad=True)
+    w = (torch.randn(vd, h, device=device) * 0.3).requires_grad_()
+    probs = torch.randn(b, n, vd, device=device).mul(2).softmax(-1)
     top = probs.argmax(-1)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    mask = mask.to(device)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
         total, correct = fn(x, w, probs, top, mask)
     (scale * total).backward()
     return float(total.detach()), int(correct), x.grad, w.grad
@@ -44,8 +46,8 @@ def _masks(b, n):
 @pytest.mark.parametrize("which", ["all", "one run", "random", "none"])
 def test_head_soft_ce_matches_reference_fp32(monkeypatch, b, which):
     # Tiny blocks and chunks: several of each, and a last one that is short.
-    monkeypatch.setattr(loss, "BLOCK_BYTES", 7 * 300 * 4)
-    monkeypatch.setattr(loss, "CHUNK_BYTES", 3 * 300 * 4)
+    monkeypatch.setattr(memory, "LOSS_BLOCK_BYTES", 7 * 300 * 4)
+    monkeypatch.setattr(memory, "LOSS_CHUNK_BYTES", 3 * 300 * 4)
     mask = _masks(b, 40)[which]
     ref = _loss_case(b, 40, 16, 300, mask, False, loss.soft_ce_reference)
     got = _loss_case(b, 40, 16, 300, mask, False, loss.head_soft_ce)
@@ -55,6 +57,20 @@ def test_head_soft_ce_matches_reference_fp32(monkeypatch, b, which):
         assert float(got[2].abs().max()) == 0 and float(got[3].abs().max()) == 0
     else:
         assert _rel(got[2], ref[2]) < 1e-5 and _rel(got[3], ref[3]) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("autocast", [False, True])
+def test_head_soft_ce_matches_reference_on_a_gpu_in_its_blocks(autocast):
+    # 2 x 3000 rows at Vd 32000: the GPU's blocks (eagle3/memory.py block_sizes) hold 1,048 fp32 rows, so several
+    # run, each one elementwise chunk, and the last one is short.
+    mask = _masks(2, 3000)["random"]
+    ref = _loss_case(2, 3000, 256, 32000, mask, autocast, loss.soft_ce_reference, device="cuda")
+    got = _loss_case(2, 3000, 256, 32000, mask, autocast, loss.head_soft_ce, device="cuda")
+    assert got[0] == pytest.approx(ref[0], rel=1e-4 if autocast else 1e-5)
+    assert got[1] == ref[1]
+    assert _rel(got[2], ref[2]) < (2e-2 if autocast else 1e-4) and _rel(got[3], ref[3]) < (2e-2 if autocast else 1e-4)
 
 
 @pytest.mark.parametrize("which", ["all", "random"])

@@ -109,3 +109,74 @@ def test_a_planted_decoder_bug_fails_in_both_precisions(smollm2_dir, tmp_path, s
     assert v["text"] == "FAILED" and not v["passed"] and not report["lossless"]
     assert error is not None and "fp32 margin" in error and "not lossless" not in error
     assert all(abs(f["margin_fp32"]) > f["tolerance"] for f in v["failed"] if "margin_fp32" in f)
+
+
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture(scope="module")
+def wide_target(tmp_path_factory, tokenizer_dir):
+    """A random 1024-wide, 4-layer Llama with SmolLM2's tokenizer, its lm_head peaked (x20) . On GPU-sized
+    matrices: cuBLAS bf16 and SDPA's kernels, not the 64-wide fixture's. Its last layer's output projections are
+    zero, so the lens of layer 2 (`_lens`) sees the state the target's head reads."""
+    from tests.tiny_llama import save_random_llama, tiny_llama_config
+    from tests.train.train_helpers import peaked_copy
+
+    root = tmp_path_factory.mktemp("wide-target")
+    cfg = tiny_llama_config(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+                            num_key_value_heads=4)
+    target = peaked_copy(save_random_llama(root / "random", cfg, tokenizer_dir), root / "peaked")
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(f"{target}/model.safetensors")  # the last layer adds nothing: layer 2's lens is exact
+    for name in ("self_attn.o_proj", "mlp.down_proj"):
+        weights[f"model.layers.3.{name}.weight"].zero_()
+    save_file(weights, f"{target}/model.safetensors", metadata={"format": "pt"})
+    return target
+
+
+def _lens(target, tmp_path) -> str:
+    """The logit lens of layer 2 (tests/evaluate/lens_draft.py), which is the wide target's last state: it guesses
+    the token the target has just emitted, right wherever the target repeats one, so both the accept and the
+    reject paths run."""
+    from tests.evaluate.lens_draft import lens_draft
+
+    return lens_draft(target, tmp_path / "lens", aux=(0, 1, 2), slot=2)
+
+
+def _evaluate_on(device, target, tmp_path, draft, precision, limit, max_new_tokens):
+    out = tmp_path / f"eval-{device}-{precision}"
+    cfg = EvaluateConfig(model=target, draft=draft, out=str(out), prompts="humaneval", limit=limit,
+                         max_new_tokens=max_new_tokens, device=device, precision=precision, warmup=False)
+    try:
+        evaluate(cfg)
+        error = None
+    except GateFailed as e:
+        error = str(e)
+    return json.loads((out / "report.json").read_text()), error
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float32"])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=GPU)])
+def test_the_decoder_on_a_gpu_is_lossless_up_to_tie_flips(wide_target, tmp_path, device, precision):
+    draft = _lens(wide_target, tmp_path)
+    report, error = _evaluate_on(device, wide_target, tmp_path, draft, precision, 8, 64)
+    v = report["lossless_verdict"]
+    assert report["device"] == device and report["precision"]["name"] == precision == report["dtype"]
+    assert error is None and v["passed"] and report["lossless"], v
+    assert v["text"].startswith("exact") and v["exact_prompts"] + len(v["tie_flips"]) == v["prompts"] == 8
+    assert report["acceptance_length"] > 1.2, report["acceptance_length"]  # the accept path ran (1.34-1.46 on CPU)
+    for t in v["tie_flips"]:
+        assert abs(t["margin_fp32"]) <= t["tolerance"]
+    print(f"\n{device} {precision}: {v['text']}, tau {report['acceptance_length']:.3f} over {v['prompts']} prompts")
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=GPU)])
+def test_a_planted_decoder_bug_fails_on_a_gpu(wide_target, tmp_path, monkeypatch, device):
+    right = spec_decode.accepted_prefix
+    monkeypatch.setattr(spec_decode, "accepted_prefix", lambda drafts, best: min(right(drafts, best) + 1, len(drafts)))
+    draft = _lens(wide_target, tmp_path)
+    report, error = _evaluate_on(device, wide_target, tmp_path, draft, "bfloat16", 4, 32)
+    v = report["lossless_verdict"]
+    assert v["text"] == "FAILED" and not report["lossless"] and error is not None
+    assert all(abs(f["margin_fp32"]) > f["tolerance"] for f in v["failed"] if "margin_fp32" in f)

@@ -29,18 +29,19 @@ def _sequences(n: int, seed: int = 0) -> list[list[int]]:
 
 def build_store(root: Path, target_dir: str, n: int = 48, storage_option: str = "bf16",
                 seqs: list[list[int]] | None = None, draft_vocab: int = DRAFT_VOCAB,
-                prompt_share: float = 0.0) -> tuple[str, str]:
+                prompt_share: float = 0.0, device: str = "cpu") -> tuple[str, str]:
     """A store of ``n`` samples and its vocab; each sample's first max(3, prompt_share x length) tokens carry
-    no loss (a prompt)."""
+    no loss (a prompt). ``device``: where the target computes the states."""
 
     from eagle3.extract.capture import TargetCapture
     from eagle3.extract.codec import encode
     from eagle3.extract.store import StoreWriter
     from eagle3.target import model_fingerprint
 
-    cap = TargetCapture(target_dir)
+    cap = TargetCapture(target_dir, device)
     seqs = seqs or _sequences(n)
     aux, last, lengths = cap.forward(seqs)
+    aux, last = aux.cpu(), last.cpu()
     writer = StoreWriter(str(root / "store"), model_fp=model_fingerprint(target_dir), model_name=target_dir,
                          aux_layers=cap.aux_layers, hidden_size=cap.hidden_size, vocab_size=cap.vocab_size,
                          storage_option=storage_option, task="0of1").open()
