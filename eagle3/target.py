@@ -241,8 +241,10 @@ def vocab_size(model: str) -> int:
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's default aux layers: the outputs of layers [1, L/2-1, L-4]."""
-    return [1, num_layers // 2 - 1, num_layers - 4]
+    """EAGLE-3's default aux layers: the outputs of layers [1, L/2-1, L-4], each within [0, L-2] (a target of
+    fewer than 4 layers: [0, 0, 0] for 2, [1, 0, 0] for 3; one layer leaves none)."""
+    top = num_layers - 2
+    return [min(1, top), min(max(0, num_layers // 2 - 1), top), min(max(0, num_layers - 4), top)]
 
 
 def refuse_capped_logits(softcap, model: str) -> None:
@@ -256,6 +258,9 @@ def refuse_capped_logits(softcap, model: str) -> None:
 def resolve_aux_layers(aux_layers: list[int] | None, num_layers: int, model: str) -> list[int]:
     """The aux layers an extraction reads: ``aux_layers`` (3 ids in [0, L-2]: the last layer's output is the
     normed ``last``), or the default; an InputError otherwise."""
+    if num_layers < 2:
+        raise InputError(f"model {model!r} has {num_layers} layer(s): EAGLE-3 reads hidden states of layers before "
+                         "the last, so the target needs at least 2")
     chosen = list(aux_layers) if aux_layers else default_aux_layers(num_layers)
     bad = [i for i in chosen if not 0 <= i < num_layers - 1]
     if bad or len(chosen) != 3:

@@ -86,3 +86,15 @@ def test_a_tokenizer_larger_than_the_lm_head_is_refused(tiny_llama_dir, tmp_path
     with pytest.raises(InputError, match="has 49152 tokens but config.json vocab_size .* is 1000"):
         tokenize_dataset(DatasetConfig(name="chat", source=_messages(tmp_path / "chat.jsonl"), format="messages",
                                         tokenizer=str(small), out=str(tmp_path / "prep")))
+
+
+def test_default_aux_layers_are_valid_for_small_targets_and_unchanged_for_real_ones():
+    from eagle3.errors import InputError
+    from eagle3.target import default_aux_layers, resolve_aux_layers
+
+    # EAGLE-3's [1, L/2-1, L-4], hand-computed for real depths (SmolLM2 30 layers, Llama-3-8B 32, Kimi-K2 61)
+    assert [default_aux_layers(n) for n in (30, 32, 61)] == [[1, 14, 26], [1, 15, 28], [1, 29, 57]]
+    # Below 4 layers the formula leaves [0, L-2]: clamped, so a 2- or 3-layer test target extracts by default.
+    assert [resolve_aux_layers(None, n, "m") for n in (2, 3, 4)] == [[0, 0, 0], [1, 0, 0], [1, 1, 0]]
+    with pytest.raises(InputError, match="at least 2"):
+        resolve_aux_layers(None, 1, "m")
