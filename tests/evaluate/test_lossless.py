@@ -55,15 +55,16 @@ def test_the_verdict_texts_and_a_stop_difference():
     assert failed["text"] == "FAILED" and not failed["passed"] and [f["id"] for f in failed["failed"]] == ["c"]
 
 
-def _evaluate(smollm2_dir, tmp_path, draft, precision, limit, max_new_tokens):
-    cfg = EvaluateConfig(model=smollm2_dir, draft=draft, out=str(tmp_path / f"eval-{precision}"), prompts="humaneval",
-                         limit=limit, max_new_tokens=max_new_tokens, device="cpu", precision=precision, warmup=False)
+def _evaluate(model, tmp_path, draft, precision, limit, max_new_tokens, device="cpu"):
+    out = tmp_path / f"eval-{device}-{precision}"
+    cfg = EvaluateConfig(model=model, draft=draft, out=str(out), prompts="humaneval", limit=limit,
+                         max_new_tokens=max_new_tokens, device=device, precision=precision, warmup=False)
     try:
         evaluate(cfg)
         error = None
     except GateFailed as e:
         error = str(e)
-    return json.loads((tmp_path / f"eval-{precision}" / "report.json").read_text()), error
+    return json.loads((out / "report.json").read_text()), error
 
 
 @pytest.fixture(scope="module")
@@ -144,23 +145,11 @@ def _lens(target, tmp_path) -> str:
     return lens_draft(target, tmp_path / "lens", aux=(0, 1, 2), slot=2)
 
 
-def _evaluate_on(device, target, tmp_path, draft, precision, limit, max_new_tokens):
-    out = tmp_path / f"eval-{device}-{precision}"
-    cfg = EvaluateConfig(model=target, draft=draft, out=str(out), prompts="humaneval", limit=limit,
-                         max_new_tokens=max_new_tokens, device=device, precision=precision, warmup=False)
-    try:
-        evaluate(cfg)
-        error = None
-    except GateFailed as e:
-        error = str(e)
-    return json.loads((out / "report.json").read_text()), error
-
-
 @pytest.mark.parametrize("precision", ["bfloat16", "float32"])
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=GPU)])
 def test_the_decoder_on_a_gpu_is_lossless_up_to_tie_flips(wide_target, tmp_path, device, precision):
     draft = _lens(wide_target, tmp_path)
-    report, error = _evaluate_on(device, wide_target, tmp_path, draft, precision, 8, 64)
+    report, error = _evaluate(wide_target, tmp_path, draft, precision, 8, 64, device)
     v = report["lossless_verdict"]
     assert report["device"] == device and report["precision"]["name"] == precision == report["dtype"]
     assert error is None and v["passed"] and report["lossless"], v
@@ -176,7 +165,7 @@ def test_a_planted_decoder_bug_fails_on_a_gpu(wide_target, tmp_path, monkeypatch
     right = spec_decode.accepted_prefix
     monkeypatch.setattr(spec_decode, "accepted_prefix", lambda drafts, best: min(right(drafts, best) + 1, len(drafts)))
     draft = _lens(wide_target, tmp_path)
-    report, error = _evaluate_on(device, wide_target, tmp_path, draft, "bfloat16", 4, 32)
+    report, error = _evaluate(wide_target, tmp_path, draft, "bfloat16", 4, 32, device)
     v = report["lossless_verdict"]
     assert v["text"] == "FAILED" and not report["lossless"] and error is not None
     assert all(abs(f["margin_fp32"]) > f["tolerance"] for f in v["failed"] if "margin_fp32" in f)
