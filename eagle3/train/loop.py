@@ -241,6 +241,16 @@ class Trainer:
         if not checking or self.total_steps != was:
             log.info("time budget %.0f s: %s", self.budget.seconds, self.budget.describe())
 
+    def _log_step(self, sums, lr: float, grad_norm: float, tokens: int, tokens_per_s: float, line: str) -> None:
+        """The step's metrics row and log line (every log_every steps, and the last)."""
+        m = self._metrics(sums, loss=float(sums[0]))
+        m.update(event="train", step=self.step, epoch=self.pos.epoch, lr=lr, grad_norm=grad_norm, tokens=tokens,
+                 tokens_per_s=tokens_per_s, token_budget=self.micro, grad_accum=self.accum,
+                 world_size=self.dist.world, precision=self.precision.name, **self._mode())
+        self.metrics.write(m)
+        log.info("step %d/%d loss %.4f acc_0 %.3f lr %.2e | %s", self.step, self.total_steps, m["loss"],
+                 m["acc_0"], lr, line)
+
     def _budget_due(self) -> bool:
         """Whether the budget fixes or checks its total now; with several processes, whether any does (the
         refit's share of seconds is each rank's own clock; the step count, and so the call, must be one)."""
@@ -321,6 +331,7 @@ class Trainer:
                  "grad_accum %d x %d process(es), %d tokens per step, %s compute (%s)", self.total_steps, self.step,
                  len(self.inp.train_ids), len(self.inp.heldout_ids), self.micro, self.accum, dist.world,
                  self.global_tokens, self.precision.name, self.precision.reason)
+        last, logged = None, -1  # the step just taken (for its line if a re-plan ends the run there), the last logged
         while self.step < self.total_steps or (self.budget is not None and not self.budget.fixed):
             if self._budget_due():
                 self._fix_budget(time.monotonic() - t0)
@@ -328,6 +339,8 @@ class Trainer:
                 progress.total_tokens = max(progress.tokens + sum(self.lengths[s] for b in planned for s in b), 1)
                 progress.total_samples = progress.samples + sum(map(len, planned))  # samples seen, epochs included
                 if self.step >= self.total_steps:
+                    if last is not None and logged != self.step:  # a re-plan ended the run at this step
+                        self._log_step(*last, run_tokens / max(time.monotonic() - t0, 1e-9), progress.line())
                     break
             batches = self.plan(self.pos.epoch)
             if self.pos.index >= len(batches):
@@ -355,15 +368,10 @@ class Trainer:
                 self.budget.record(self.step, tokens, time.monotonic() - t0)
             run_tokens += tokens
             progress.update(samples=len(gb), tokens=tokens)
+            last = (sums, lr, grad_norm, tokens)
             if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                m = self._metrics(sums, loss=float(sums[0]))
-                m.update(event="train", step=self.step, epoch=self.pos.epoch, lr=lr, grad_norm=grad_norm,
-                         tokens=tokens, tokens_per_s=run_tokens / max(time.monotonic() - t0, 1e-9),
-                         token_budget=self.micro, grad_accum=self.accum, world_size=dist.world,
-                         precision=self.precision.name, **self._mode())
-                self.metrics.write(m)
-                log.info("step %d/%d loss %.4f acc_0 %.3f lr %.2e | %s", self.step, self.total_steps, m["loss"],
-                         m["acc_0"], lr, progress.line())
+                self._log_step(*last, run_tokens / max(time.monotonic() - t0, 1e-9), progress.line())
+                logged = self.step
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
                 timing = self.budget is not None and self.budget.timing
                 t_eval = time.monotonic() if timing else 0.0

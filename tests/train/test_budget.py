@@ -519,3 +519,22 @@ def test_another_runs_schedule_is_replayed_untimed(monkeypatch, tiny_store, tmp_
         loop.train(cfg_for(tiny_store, tmp_path / "y", token_budget=64, schedule_from=str(tmp_path / "none")))
     with pytest.raises(InputError, match="schedule_from replays"):
         TrainConfig(store="s", vocab="v", out="o", schedule_from="c", train_time_budget=150)
+
+
+def test_a_re_plan_that_ends_the_run_between_log_lines_still_logs_the_last_step(monkeypatch, tiny_store, tmp_path,
+                                                                                 caplog):
+    """A re-plan can end the run at the step just taken (total = step). That step came before the re-plan and was
+    not due a line (log_every 10, total then larger): its metrics row and "step N/N" line are written anyway, so
+    the last train row is the last step (test_distributed's two-rank run met this under load)."""
+    torch.set_num_threads(1)
+    end = 13  # after the fix (step BUDGET_PROBE_STEPS + 1), not a multiple of log_every
+    monkeypatch.setattr(TimeBudget, "refit_due", lambda self, step: step == end)
+    monkeypatch.setattr(TimeBudget, "refit", lambda self, step, *a, **k: step)
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(monotonic=_Clock(0.01).monotonic))
+    with caplog.at_level("INFO", logger="eagle3.train.loop"):
+        got = loop.train(cfg_for(tiny_store, tmp_path / "run", token_budget=64, train_time_budget=60.0, epochs=1,
+                                 log_every=10))
+    assert got["steps"] == got["total_steps"] == end
+    rows = read_metrics(str(tmp_path / "run" / "metrics.jsonl"), "train")
+    assert [r["step"] for r in rows] == [10, end]
+    assert f"step {end}/{end} loss" in caplog.text
