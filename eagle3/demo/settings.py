@@ -16,16 +16,16 @@ PARAMS: dict = {
     "draft_vocab_size": 2048,
     "ttt_length": 3,
     "epochs": 3,  # what verify's time estimate assumes; the time budget below decides the steps
-    "train_time_budget": 150,  # s: steps and LR schedule fixed from the first steps' speed (README "The demo");
+    "train_time_budget": 150,  # s: steps and LR schedule fixed from the first steps' speed (docs/train.md "Time budget");
     # 150 s (was ~270 s of training) pays for regenerating chat and instructions within the 15 minutes
     "run_time_budget": 780,  # s from the DAG run's start: train stretches its budget to end by 780 - 270 s, so a
     "after_train_reserve": 270,  # machine that regenerated and extracted fast trains longer (evaluate: ~3.7 min)
     "reserve_tokens_per_s": 750,  # up to this extraction rate (fp32 machines; the AVX2 one ran ~530) the whole
-    # reserve is kept; one at 1,107 tok/s keeps 183 s (it used 176) and trains ~2.7 min more (README "The demo")
+    # reserve is kept; one at 1,107 tok/s keeps 183 s (it used 176) and trains ~2.7 min more (docs/measurements.md)
     "draft_variant": "eagle3",  # eagle3 | eagle3.1: eagle3 won the demo's paired comparison (README "vLLM")
     "lr": 2e-3,
     "extract_token_budget": 1024,
-    "train_token_budget": 512,  # 2x the steps of 1024 in the same budget: HumanEval tau +0.09 (README "The demo")
+    "train_token_budget": 512,  # 2x the steps of 1024 in the same budget: HumanEval tau +0.09 (docs/measurements.md)
     "extract_shards": 2,
     "extract_tokens_per_s": 750,  # measured here: SmolLM2 fp32 on 2 CPU cores, one shard at a time
     "train_tokens_per_s": 900,  # measured here: this draft (TTT 3, Vd 2048) fp32 on 2 CPU cores
@@ -49,7 +49,7 @@ picks bf16 (eagle3.devices.resolve_precision: a CPU with a bf16 matrix engine, o
 by `more_factors`. Such a machine regenerates and extracts faster, so the minutes it saves go to more
 HumanEval-shaped data instead of more epochs over the same: on the AVX512-BF16 machine of session 13, HumanEval
 τ 2.17 -> 2.27 (20 prompts, paired 95% interval [+0.05, +0.17]) with 1.1 min less training; 5x was no better
-(README "The demo"). `demo/run_demo.py --more-data off` writes the plain corpus."""
+(docs/measurements.md). `demo/run_demo.py --more-data off` writes the plain corpus."""
 MORE_GFLOPS_PER_X = 125.0
 """bf16 torch.mm GFLOP/s per CPU-second (the precision probe's) that pay for one more copy of a dataset in
 MORE_ON_BF16: regenerating and extracting 180 more `code_completion` samples cost ~35 s on session 13's machine
