@@ -24,8 +24,11 @@ class Progress:
     """
 
     def __init__(self, stage: str, total_samples: int, total_tokens: int, every_s: float = 10.0, logger=None,
-                 tokens_are_upper_bound: bool = False):
+                 tokens_are_upper_bound: bool = False, kept: int = 0):
         self.stage = stage
+        # Samples an earlier run finished (a resumed or re-run stage): named, so "0/0 samples" on a re-run
+        # does not read as an empty dataset.
+        self.kept = kept
         # Generation only knows max_tokens per sample: project the total from the samples done instead.
         self.tokens_are_upper_bound = tokens_are_upper_bound
         self.total_samples = total_samples
@@ -75,12 +78,19 @@ class Progress:
             speed = f"{rate:,.0f} tok/s, ETA {fmt_duration(max(total - self.tokens, 0) / rate)}"
         approx = "~" if self.tokens_are_upper_bound else ""
         return (
-            f"{self.stage}: {self.samples}/{self.total_samples} samples, "
+            f"{self.stage}: {self._samples()}, "
             f"{self.tokens}/{approx}{total} tokens ({100 * self.tokens / total:.1f}%), "
             f"elapsed {fmt_duration(elapsed)}, {speed}"
         )
 
+    def _samples(self) -> str:
+        kept = f" (+{self.kept} kept from an earlier run)" if self.kept else ""
+        return f"{self.samples}/{self.total_samples} samples{kept}"
+
     def finish(self) -> None:
         elapsed = max(time.monotonic() - self.start, 1e-9)
-        self.log.info(f"{self.stage}: {self.samples}/{self.total_samples} samples, {self.tokens} tokens, "
+        if not self.total_samples and self.kept:
+            self.log.info(f"{self.stage}: nothing to do, {self.kept} samples kept from an earlier run")
+            return
+        self.log.info(f"{self.stage}: {self._samples()}, {self.tokens} tokens, "
                       f"{self.tokens / elapsed:,.0f} tok/s, done in {fmt_duration(elapsed)}")

@@ -16,7 +16,7 @@ PARAMS: dict = {
     "draft_vocab_size": 2048,
     "ttt_length": 3,
     "epochs": 3,  # what verify's time estimate assumes; the time budget below decides the steps
-    "train_time_budget": 150,  # s: steps and LR schedule fixed from the first steps' speed (docs/train.md "Time budget");
+    "train_time_budget": 150,  # s: steps and LR schedule fixed from the first steps' speed (docs/train.md);
     # 150 s (was ~270 s of training) pays for regenerating chat and instructions within the 15 minutes
     "run_time_budget": 780,  # s from the DAG run's start: train stretches its budget to end by 780 - 270 s, so a
     "after_train_reserve": 270,  # machine that regenerated and extracted fast trains longer (evaluate: ~3.7 min)

@@ -184,7 +184,8 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
         cap.start()  # before the clocks of progress and of the first batch: a start is minutes, not throughput
         summary["server_start_s"] = cap.start_s
     longest = max(lengths_of(mine), default=1)  # the OOM policy's floor: one sample of the longest length
-    progress = Progress("extract", len(todo) + repaired, real, every_s=cfg.progress_every_s, logger=log)
+    progress = Progress("extract", len(todo) + repaired, real, every_s=cfg.progress_every_s, logger=log,
+                        kept=summary["samples_skipped"])
     forward_s, estimated = 0.0, False
     # Rate for the estimate: skip the first batch (warm-up, and the shortest samples), then
     # measure at least one budget's worth of tokens.

@@ -107,7 +107,7 @@ async def _run_dataset(cfg: RegenerateConfig, spec, backend) -> dict[str, Any]:
     resumed = len(ids) - len(todo)
     turns = sum(sum(m["role"] == "assistant" for m in c.messages) + 1 for c in todo)
     progress = Progress(f"regenerate[{spec.name}]", total_samples=len(todo),
-                        total_tokens=turns * cfg.max_tokens, tokens_are_upper_bound=True)
+                        total_tokens=turns * cfg.max_tokens, tokens_are_upper_bound=True, kept=resumed)
     log.info("regenerate[%s]: %d conversations, %d already done, %d to do, %d bad records",
              spec.name, total, resumed, len(todo), bad)
     failed = 0

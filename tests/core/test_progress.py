@@ -42,3 +42,23 @@ def test_no_eta_until_a_rate_is_measured(caplog, monkeypatch):
     now[0] = 70.0
     p.update(samples=1, tokens=100)  # 100 tokens in the 10 s since the first batch: 10 tok/s, 200 left
     assert caplog.records[-1].getMessage().endswith("10 tok/s, ETA 0m20s")
+
+
+def test_samples_kept_by_an_earlier_run_are_named(caplog):
+    """A re-run's own work is 0/0 when an earlier run did it all: the lines say so instead of reading as an
+    empty dataset."""
+    caplog.set_level(logging.INFO, logger="t")
+    p = Progress("regenerate[chat]", total_samples=2, total_tokens=200, every_s=0, logger=logging.getLogger("t"),
+                 kept=43)
+    p.update(samples=1, tokens=100)
+    assert "regenerate[chat]: 1/2 samples (+43 kept from an earlier run), 100/200 tokens" in caplog.text
+    p.update(samples=1, tokens=100)
+    p.finish()
+    assert caplog.records[-1].getMessage().startswith("regenerate[chat]: 2/2 samples (+43 kept from an earlier run), "
+                                                      "200 tokens,")
+    nothing = Progress("regenerate[chat]", total_samples=0, total_tokens=0, logger=logging.getLogger("t"), kept=45)
+    nothing.finish()
+    assert caplog.records[-1].getMessage() == "regenerate[chat]: nothing to do, 45 samples kept from an earlier run"
+    fresh = Progress("extract", total_samples=1, total_tokens=10, every_s=0, logger=logging.getLogger("t"))
+    fresh.update(samples=1, tokens=10)
+    assert "kept" not in caplog.records[-1].getMessage()

@@ -68,6 +68,8 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path, tiny_llama_dir):
     summary = json.loads(done.stdout)
     assert summary["shards_written"] == total_shards - killed_at  # only the remaining shards
     assert summary["samples_skipped"] > 0 and summary["samples_skipped"] + summary["samples_extracted"] == 40
+    # The progress lines name the kept samples, so a resumed task does not read as a smaller dataset.
+    assert f"(+{summary['samples_skipped']} kept from an earlier run)" in done.stderr, done.stderr[-1500:]
     assert tree_bytes(out) == tree_bytes(tmp_path / "ref")
     assert HiddenStateStore(str(out)).verify() == []
 

@@ -60,6 +60,7 @@ def test_sigkill_then_rerun_skips_done(tmp_path, fake_server):
     assert stats["resumed"] == len(before) and stats["done"] == 12 and stats["complete"]
     assert stats["this_run"]["requests"] == 12 - len(before)
     assert "already done" in rerun.stderr
+    assert f"(+{len(before)} kept from an earlier run)" in rerun.stderr, rerun.stderr[-1500:]
     # The accounting is in the log too, with this run's numbers.
     assert re.search(rf"this run {12 - len(before)} requests \(0 retries\), \d+ prompt \+ \d+ completion tokens",
                      rerun.stderr), rerun.stderr[-1500:]
