@@ -169,6 +169,7 @@ PARAMS = form_params({
     "lr": config_param(TrainConfig, "lr", exclusiveMinimum=0, maximum=1, title="Learning rate"),
     "draft_variant": config_param(TrainConfig, "draft_variant", enum=list(DRAFT_VARIANTS), title="Draft variant"),
     "draft_window": config_param(TrainConfig, "draft_window", minimum=0, title="Draft attention window"),
+    "parallel_drafting": config_param(TrainConfig, "parallel_drafting", title="Parallel drafting (P-EAGLE)"),
     "train_time_budget": config_param(TrainConfig, "train_time_budget", minimum=0, title="Training time budget (s)"),
     "run_time_budget": Param(0, type="number", minimum=0, title="Run time budget (s)",
                              description="Seconds the whole run should take (0: none). Training then ends by the "
@@ -322,6 +323,7 @@ def eagle3_train():
                 "max_steps": "{{ params.max_steps }}", "seed": "{{ params.seed }}",
                 "precision": "{{ params.precision }}",
                 "draft_variant": "{{ params.draft_variant }}", "draft_window": "{{ params.draft_window }}",
+                "parallel_drafting": "{{ params.parallel_drafting }}",
                 "train_time_budget": "{{ params.train_time_budget }}",
                 "online": ONLINE, "write_back": "{{ params.online_write_back and " + ONLINE[3:],
                 # online: the target in target_engine (a vLLM or SGLang server on its own devices, or in-process)

@@ -48,11 +48,16 @@ REQUIRED_KEYS: list[str] = list(WEIGHT_NAMES.values())
 # EAGLE 3.1 adds one RMSNorm per aux block before fc: vLLM 0.32 loads them as `fc_norm.{i}.weight`
 # (LlamaModel.fc_norm of model_executor/models/llama_eagle3.py) when config.json says `fc_norm: true`.
 WEIGHT_NAMES_3_1: dict[str, str] = {f"fc_norm.{i}.weight": f"fc_norm.{i}.weight" for i in range(3)}
+# P-EAGLE adds the aux stand-in of the parallel slots: vLLM 0.32 loads `mask_hidden` (any shape of 3H values)
+# into Eagle3LlamaForCausalLM.mask_hidden when served with parallel_drafting, and refuses to start without it.
+WEIGHT_NAMES_PARALLEL: dict[str, str] = {"mask_hidden": "mask_hidden"}
 
 
-def weight_names(variant: str = "eagle3") -> dict[str, str]:
-    """Checkpoint name -> exported name for a draft variant (eagle3.draft.config.DRAFT_VARIANTS)."""
-    return {**WEIGHT_NAMES, **WEIGHT_NAMES_3_1} if variant == "eagle3.1" else dict(WEIGHT_NAMES)
+def weight_names(variant: str = "eagle3", parallel_drafting: bool = False) -> dict[str, str]:
+    """Checkpoint name -> exported name for a draft variant (eagle3.draft.config.DRAFT_VARIANTS), with P-EAGLE's
+    mask_hidden when ``parallel_drafting``."""
+    names = {**WEIGHT_NAMES, **WEIGHT_NAMES_3_1} if variant == "eagle3.1" else dict(WEIGHT_NAMES)
+    return {**names, **WEIGHT_NAMES_PARALLEL} if parallel_drafting else names
 # Kept in their own dtype: SGLang computes hot tokens as d2t + arange (int64), t2d is a mask.
 INDEX_KEYS = ("d2t", "t2d")
 DTYPES = ("bfloat16", "float16", "float32")
@@ -85,17 +90,18 @@ def read_checkpoint(step_dir: str):
     return DraftConfig.from_dict(raw.get("draft", raw), where=storage.join(step_dir, CONFIG_FILE)), tensors
 
 
-def export_tensors(state: dict[str, Any], dtype: str, where: str, variant: str = "eagle3") -> dict[str, Any]:
+def export_tensors(state: dict[str, Any], dtype: str, where: str, variant: str = "eagle3",
+                   parallel_drafting: bool = False) -> dict[str, Any]:
     """Rename to SGLang's/vLLM's names; refuse missing or unexpected tensors."""
     import torch
 
-    names = weight_names(variant)
+    names = weight_names(variant, parallel_drafting)
     missing = sorted(k for k in names if k not in state)
     unexpected = sorted(k for k in state if k not in names)
     if missing or unexpected:
         raise InputError(
             f"{where}: cannot export; missing tensors {missing}, unexpected tensors {unexpected}. "
-            f"An {variant} draft needs exactly {sorted(names)} (embed_tokens must not be saved)"
+            f"An {variant}{' P-EAGLE' if parallel_drafting else ''} draft needs exactly {sorted(names)} (embed_tokens must not be saved)"
         )
     out = {}
     for src, dst in names.items():
@@ -176,7 +182,18 @@ def draft_config_json(cfg, dtype: str) -> dict[str, Any]:
         **engine_aux_layer_keys(list(cfg.aux_layers)),
         **variant_keys(cfg),
         **window_keys(cfg),
+        **parallel_keys(cfg),
     }
+
+
+def parallel_keys(cfg) -> dict[str, Any]:
+    """A P-EAGLE draft's config.json keys: vLLM 0.32 reads `mask_token_id` (LLMBaseProposer
+    _init_parallel_drafting_params) when served with `parallel_drafting: true` in --speculative-config, which
+    `eagle3.serving.vllm.eagle3_speculative` sets from this file's `parallel_drafting`. SGLang has no parallel
+    drafter (docs/draft.md "P-EAGLE")."""
+    if not cfg.parallel_drafting:
+        return {}
+    return {"parallel_drafting": True, "mask_token_id": cfg.mask_token_id}
 
 
 def window_keys(cfg) -> dict[str, Any]:
@@ -207,7 +224,11 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
 
     step_dir = resolve_step(cfg.checkpoint, cfg.step)
     draft_cfg, state = read_checkpoint(step_dir)
-    tensors = export_tensors(state, cfg.dtype, storage.join(step_dir, "model.safetensors"), draft_cfg.variant)
+    tensors = export_tensors(state, cfg.dtype, storage.join(step_dir, "model.safetensors"), draft_cfg.variant,
+                             draft_cfg.parallel_drafting)
+    if draft_cfg.parallel_drafting:
+        log.warning("%s is a P-EAGLE (parallel drafting) draft: vLLM (>= 0.32) serves it with parallel_drafting "
+                    "in --speculative-config; SGLang has no parallel drafter (docs/draft.md)", step_dir)
     if draft_cfg.variant != "eagle3":
         log.warning("%s is an %s draft: vLLM (>= 0.32) serves it; SGLang's LlamaForCausalLMEagle3 ignores fc_norm "
                     "and norm_output and would run it as plain EAGLE-3 (docs/draft.md)", step_dir, draft_cfg.variant)
@@ -231,7 +252,7 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
     storage.write_json(storage.join(cfg.out, CHECKSUMS), {"model.safetensors": sha})
     storage.write_json(storage.join(cfg.out, "config.json"), config)
     summary = {"out": cfg.out, "source": step_dir, "tensors": len(tensors), "bytes": size,
-               "draft_variant": draft_cfg.variant,
+               "draft_variant": draft_cfg.variant, "parallel_drafting": draft_cfg.parallel_drafting,
                "sha256": sha, "dtype": cfg.dtype, "draft_vocab_size": draft_cfg.draft_vocab_size,
                "aux_layers": list(draft_cfg.aux_layers)}
     log.info("exported %s -> %s (%d tensors, %.1f MB)", step_dir, cfg.out, len(tensors), size / 1e6)
@@ -330,17 +351,30 @@ def exported_variant(config: dict, where: str) -> str:
                      "(fc_norm and norm_output true)", file=where)
 
 
+def exported_parallel(config: dict, where: str) -> bool:
+    """Whether an exported config.json is a P-EAGLE draft (`parallel_keys`); refuses one without its
+    mask_token_id, which vLLM needs too."""
+    parallel = config.get("parallel_drafting", False)
+    if not isinstance(parallel, bool):
+        raise InputError(f"parallel_drafting must be true or false, got {parallel!r}", file=where)
+    if parallel and not isinstance(config.get("mask_token_id"), int):
+        raise InputError("a parallel_drafting draft needs an integer mask_token_id (the slots' input token); "
+                         "re-export the draft with `eagle3 export`", file=where)
+    return parallel
+
+
 def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
     """An Eagle3Draft (fp32) from an export's two files plus the target's embedding."""
     import torch
     from safetensors.torch import load_file
 
-    from eagle3.draft.config import DraftConfig
+    from eagle3.draft.config import DEFAULT_MASK_TOKEN_ID, DraftConfig
     from eagle3.draft.model import Eagle3Draft
 
     c = storage.read_json(storage.join(draft_dir, "config.json"))
     if c.get("architectures") != ["LlamaForCausalLMEagle3"]:
         raise InputError(f"{draft_dir}/config.json is not an EAGLE3 draft (architectures={c.get('architectures')})")
+    parallel = exported_parallel(c, storage.join(draft_dir, "config.json"))
     cfg = DraftConfig(
         hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
         num_attention_heads=c["num_attention_heads"], num_key_value_heads=c["num_key_value_heads"],
@@ -352,9 +386,11 @@ def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
         hidden_act=c.get("hidden_act", "silu"),
         variant=exported_variant(c, storage.join(draft_dir, "config.json")),
         sliding_window=int(c.get("sliding_window") or 0),
+        parallel_drafting=parallel,
+        mask_token_id=int(c["mask_token_id"]) if parallel else DEFAULT_MASK_TOKEN_ID,
     )
     raw = load_file(storage.local_path(storage.join(draft_dir, "model.safetensors")))
-    by_export_name = {v: k for k, v in weight_names(cfg.variant).items()}
+    by_export_name = {v: k for k, v in weight_names(cfg.variant, cfg.parallel_drafting).items()}
     state = {by_export_name.get(k, k): (v if k in INDEX_KEYS else v.float()) for k, v in raw.items()}
     if "d2t" not in state and cfg.draft_vocab_size == cfg.vocab_size:  # a full-vocab export (export_tensors)
         state["d2t"] = torch.zeros(cfg.vocab_size, dtype=torch.int64)

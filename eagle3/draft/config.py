@@ -19,6 +19,10 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 # (vLLM's `fc_norm`) and feeds the post-norm hidden to the next step (vLLM's `norm_output`).
 DRAFT_VARIANTS = ("eagle3", "eagle3.1")
 DEFAULT_DRAFT_VARIANT = "eagle3"
+# P-EAGLE (docs/draft.md "P-EAGLE"): the input token of every parallel-drafting slot after the first. Any id
+# works (its embedding is the target's, frozen; the learned mask_hidden carries the slot); vLLM reads it from
+# config.json `mask_token_id`.
+DEFAULT_MASK_TOKEN_ID = 0
 # Training-time test (eagle3/draft/ttt.py): the chain length trained, and step i's loss weight DEFAULT_STEP_DECAY ** i.
 DEFAULT_TTT_LENGTH = 7
 DEFAULT_STEP_DECAY = 0.8
@@ -62,6 +66,12 @@ class DraftConfig:
     """Step-0 keys a query attends: the last ``sliding_window`` positions of its sample, itself included (0:
     the whole sample). Exported as config.json `sliding_window` + `layer_types`, which vLLM 0.32 reads;
     SGLang's draft ignores it (docs/train.md "Sliding-window draft attention")."""
+    parallel_drafting: bool = False
+    """P-EAGLE: all k draft tokens of a round from ONE forward, slot 0 as in EAGLE-3 and slots 1..k-1 fed
+    (mask_token_id, fc(mask_hidden)) at the next positions (vLLM's `parallel_drafting`; docs/draft.md
+    "P-EAGLE"). Adds the learned `mask_hidden` [3H]. Checkpoints written before this field read as False."""
+    mask_token_id: int = DEFAULT_MASK_TOKEN_ID
+    """P-EAGLE: the input token of slots 1..k-1 (exported as config.json `mask_token_id`, which vLLM reads)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (target name, fingerprint); not used by the model."""
 
@@ -94,6 +104,11 @@ class DraftConfig:
             raise InputError(f"DraftConfig.sliding_window must be an int >= 0 (0: off), got {self.sliding_window!r}")
         if self.variant not in DRAFT_VARIANTS:
             raise InputError(f"DraftConfig.variant={self.variant!r} is not one of {', '.join(DRAFT_VARIANTS)}")
+        if not isinstance(self.parallel_drafting, bool):
+            raise InputError(f"DraftConfig.parallel_drafting must be true or false, got {self.parallel_drafting!r}")
+        if not isinstance(self.mask_token_id, int) or not 0 <= self.mask_token_id < self.vocab_size:
+            raise InputError(f"DraftConfig.mask_token_id={self.mask_token_id!r} must be a token id in "
+                             f"0..{self.vocab_size - 1}")
         object.__setattr__(self, "aux_layers", tuple(int(i) for i in self.aux_layers))
 
     @property
@@ -109,7 +124,7 @@ class DraftConfig:
     @classmethod
     def from_target(cls, target: dict[str, Any], draft_vocab_size: int,
                     aux_layers: list[int] | None = None, variant: str = DEFAULT_DRAFT_VARIANT,
-                    sliding_window: int = 0, **extra: Any) -> "DraftConfig":
+                    sliding_window: int = 0, parallel_drafting: bool = False, **extra: Any) -> "DraftConfig":
         """Mirror a target's HF config dict (transformers 4 or 5 layout).
 
         ``aux_layers`` defaults to EAGLE-3's [1, L/2-1, L-4] (layer outputs).
@@ -148,6 +163,7 @@ class DraftConfig:
             hidden_act="silu",
             variant=variant,
             sliding_window=int(sliding_window),
+            parallel_drafting=bool(parallel_drafting),
             extra={"target_model_type": str(target.get("model_type", "")),
                    "target_hidden_act": str(target.get("hidden_act") or target.get("hidden_activation") or "silu"),
                    **extra},

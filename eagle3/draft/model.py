@@ -12,6 +12,10 @@ Shapes (H = target hidden, V = target vocab, Vd = draft vocab):
 EAGLE 3.1 (cfg.variant "eagle3.1", vLLM's `fc_norm` + `norm_output`): fc reads
 cat(fc_norm[i](aux block i)) and the next step is fed norm(out) instead of out.
 
+P-EAGLE (cfg.parallel_drafting, vLLM's `parallel_drafting`): slots 1..k-1 of a
+round are fed (mask_token_id, fc(mask_hidden)) instead of the previous draft
+token and hidden, so one forward proposes all k (`propose_parallel`).
+
 Module names equal SGLang's LlamaForCausalLMEagle3 names (fc, midlayer.*,
 norm, lm_head, d2t, t2d), so `state_dict()` is exactly the checkpoint content;
 the embedding is a non-persistent buffer and never saved.
@@ -206,6 +210,8 @@ class Eagle3Draft(nn.Module):
         self.midlayer = DraftLayer(cfg)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, vd, bias=False)
+        if cfg.parallel_drafting:  # P-EAGLE: the aux stand-in of slots 1..k-1 (vLLM's `mask_hidden`, [3H])
+            self.mask_hidden = nn.Parameter(torch.ones(3 * h))
         # Frozen and never saved: serving reuses the target's embedding.
         self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
         self.register_buffer("d2t", d2t.detach().to(torch.int64).clone())
@@ -259,6 +265,12 @@ class Eagle3Draft(nn.Module):
         normed = self.norm(out)
         return normed, (normed if self.config.norm_output else out)
 
+    def mask_inputs(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """P-EAGLE: (input ids [*shape], hidden [*shape, H]) of parallel slots 1..k-1: mask_token_id and
+        fc(mask_hidden), as vLLM's proposer builds them (combine_hidden_states of mask_hidden)."""
+        ids = torch.full(shape, self.config.mask_token_id, dtype=torch.long, device=self.fc.weight.device)
+        return ids, self.project_aux(self.mask_hidden).expand(*shape, -1)
+
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map draft-vocab ids to target ids (target_id = i + d2t[i])."""
         return draft_ids + self.d2t[draft_ids]
@@ -296,6 +308,21 @@ class Eagle3Draft(nn.Module):
         mask = mask[None, None]
         out = layer.finish(hidden, layer.self_attn.attend(q, keys, values, mask))
         return self.head(out)
+
+    def propose_parallel(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                         k: int, cache: DraftCache) -> torch.Tensor:
+        """P-EAGLE decoding: append the T new real positions (as `step`) and k-1 mask slots after them in
+        one forward; return the draft-vocab logits [B,k,Vd] of the k proposals (the last real row's, then each
+        slot's). The slots' cache rows are the caller's to truncate (they hold no real token)."""
+        if not self.config.parallel_drafting:
+            raise ValueError("propose_parallel needs a parallel_drafting (P-EAGLE) draft")
+        b = input_ids.shape[0]
+        mask_ids, mask_hidden = self.mask_inputs((b, k - 1))
+        last = position_ids[:, -1:]
+        positions = torch.cat([position_ids, last + torch.arange(1, k, device=last.device)], dim=1)
+        logits, _ = self.step(torch.cat([input_ids, mask_ids], dim=1),
+                              torch.cat([self._hidden_in(hidden), mask_hidden], dim=1), positions, cache)
+        return logits[:, -k:]
 
     # -- training-time test --------------------------------------------------
 

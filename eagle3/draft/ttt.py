@@ -11,6 +11,11 @@ distribution at j, which predicts x_{j+1}). For TTT step i at row position t:
     mask          loss_mask[t+2+i] and argmax(p_{t+1+i}) in the draft vocab and
                   t+2+i in the same sample as t
 
+P-EAGLE (``draft.config.parallel_drafting``): step i >= 1 is parallel slot i of a round, fed the mask token
+and fc(mask_hidden) (`Eagle3Draft.mask_inputs`) instead of x_{t+1+i} and the step i-1 output; position,
+target, mask and attention are as above. That is vLLM's parallel drafter: slot i sits at pos_t + i and sees the
+real positions <= t plus slots 1..i of its own round.
+
 All shifts happen here, once: callers pass unshifted per-position tensors
 exactly as the hidden-state store holds them.
 
@@ -276,6 +281,7 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
     target_logits_draft = window(target_logits_draft)
     target_probs = target_logits_draft.float().softmax(-1)
     target_top = target_logits_draft.argmax(-1)
+    parallel = draft.config.parallel_drafting  # P-EAGLE: steps 1.. are mask slots (module docstring)
     history: list = []  # k0, v0, k1, v1, ...: flat, so a checkpointed step takes them as tensor arguments
     total = hidden.new_zeros(())
     sums, correct, counts = [], [], []
@@ -300,10 +306,16 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
                 gathered0 = {"starts": step0["starts"][bi, idx], "q_pos": idx}
             label = (idx + 1 + i).clamp(max=target_probs.shape[1] - 1)
             mask = F.pad(mask, (0, rows - valid))[bi, idx] & real
-            step = partial(_step, draft, _shift(input_ids, 1 + i, 0)[bi, idx], (pos + i)[bi, idx], gathered0,
+            ids = _shift(input_ids, 1 + i, 0)[bi, idx]
+            if parallel:
+                ids, hidden = draft.mask_inputs(tuple(ids.shape))
+            step = partial(_step, draft, ids, (pos + i)[bi, idx], gathered0,
                            target_probs[bi, label], target_top[bi, label], mask, idx.shape[1])
         else:
-            step = partial(_step, draft, _shift(input_ids, 1 + i, 0)[:, :rows], pos[:, :rows] + i, step0,
+            ids = _shift(input_ids, 1 + i, 0)[:, :rows]
+            if parallel and i >= 1:
+                ids, hidden = draft.mask_inputs(tuple(ids.shape))
+            step = partial(_step, draft, ids, pos[:, :rows] + i, step0,
                            target_probs[:, 1 + i:1 + i + valid], target_top[:, 1 + i:1 + i + valid], mask, valid)
         if checkpoint_steps:
             step_sum, step_correct, hidden, k, v = checkpoint(step, hidden, *history, use_reentrant=False)

@@ -27,6 +27,7 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -138,6 +139,11 @@ class SGLangBenchmark:
     """Runs the two phases; `stop()` (from an operator's on_kill) stops whatever server runs."""
 
     def __init__(self, cfg: SGLangBenchConfig):
+        config = os.path.join(cfg.draft, "config.json")
+        if os.path.exists(config) and json.load(open(config)).get("parallel_drafting") is True:
+            raise InputError("a P-EAGLE (parallel_drafting) draft: SGLang has no parallel drafter (open request "
+                             "sgl-project/sglang#23171) and would run it as a chain; evaluate it with --backend "
+                             "vllm or transformers", file=config)
         self.cfg = cfg
         self.phases = ServerPhases()
         self.log_dir = tempfile.mkdtemp(prefix="eagle3-sglang-logs-")

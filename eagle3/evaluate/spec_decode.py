@@ -9,6 +9,9 @@ token x_{m+1} (not yet fed to it), follows docs/CONTRACTS.md "Alignment":
 2. draft *chain*: k-1 more single-position steps, each fed its own previous
    token and output hidden, propose d_2..d_k; their cache rows are dropped
    again right after (they were built from draft hiddens, not real aux).
+   P-EAGLE drafts (parallel drafting) replace 1-2 with ONE draft forward over the
+   extend rows plus k-1 mask slots, which proposes d_1..d_k at once; the slots'
+   cache rows are dropped the same way.
 3. ONE target forward over [root, d_1..d_k] (k+1 positions, KV cache kept):
    g_i = argmax after position i. The longest prefix with d_i == g_{i-1} is
    accepted (a tokens) and g_a is the bonus token, so a round emits a+1 <= k+1
@@ -82,6 +85,13 @@ class DraftStepper(Protocol):
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` cache positions."""
 
+    parallel: bool
+    """P-EAGLE: `propose` drafts the whole round in one forward (then `extend` and `chain` are not used)."""
+
+    def propose(self, token_ids: Sequence[int], aux: torch.Tensor, k: int) -> list[int]:
+        """`extend` plus k-1 parallel slots in one forward: the k target-vocab proposals; the cache keeps only
+        the extended positions."""
+
 
 class Eagle3DraftStepper:
     """`DraftStepper` over `eagle3.draft.model.Eagle3Draft` and its `DraftCache`.
@@ -117,6 +127,19 @@ class Eagle3DraftStepper:
     @torch.no_grad()
     def chain(self, token_id: int, hidden: torch.Tensor) -> tuple[int, torch.Tensor]:
         return self._run(torch.tensor([token_id], dtype=torch.long), hidden[None])
+
+    @property
+    def parallel(self) -> bool:
+        return bool(self.draft.config.parallel_drafting)
+
+    @torch.no_grad()
+    def propose(self, token_ids: Sequence[int], aux: torch.Tensor, k: int) -> list[int]:
+        ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=self.device)
+        start = len(self.cache)
+        pos = torch.arange(start, start + ids.shape[0], device=self.device)[None]
+        best = self.draft.propose_parallel(ids[None], aux[None].to(self.device), pos, k, self.cache).argmax(-1)
+        self.cache.truncate(start + ids.shape[0])
+        return self.draft.draft_to_target(best[0]).tolist()
 
     def truncate(self, length: int) -> None:
         self.cache.truncate(length)
@@ -235,9 +258,14 @@ def speculative_generate(target: TargetRunner, draft: DraftStepper, prompt_ids: 
     draft.reset()
     # The draft's input at position t is (x_{t+1}, aux_t): the prompt shifted by one, then the root.
     pending_ids, pending_aux = prompt_ids[1:] + [root], aux
+    parallel = bool(getattr(draft, "parallel", False))
     while not stop:
         seen = len(draft)
-        token, hidden = draft.extend(pending_ids, pending_aux)
+        if parallel:  # P-EAGLE: the whole round from one draft forward
+            proposed = draft.propose(pending_ids, pending_aux, steps)
+            token = proposed[0]
+        else:
+            token, hidden = draft.extend(pending_ids, pending_aux)
         drafts, looked_up = [], []
         before, last = (out[-2] if len(out) > 1 else prompt_ids[-1]), out[-1]  # the lookup reads two tokens
         for i in range(steps):
@@ -247,7 +275,9 @@ def speculative_generate(target: TargetRunner, draft: DraftStepper, prompt_ids: 
                 looked_up.append(i)
             drafts.append(token)
             before, last = last, token
-            if i < steps - 1:
+            if i < steps - 1 and parallel:
+                token = proposed[i + 1]
+            elif i < steps - 1:
                 token, hidden = draft.chain(token, hidden)
         draft.truncate(seen + len(pending_ids))  # drop the chain rows
         verified_from = cache.get_seq_length()

@@ -45,8 +45,13 @@ def vllm_python() -> str:
 
 
 def eagle3_speculative(draft_dir: str, steps: int = 3) -> dict:
-    """vLLM's --speculative-config for an EAGLE-3 chain of ``steps`` draft tokens."""
-    return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": int(steps)}
+    """vLLM's --speculative-config for ``steps`` draft tokens of an exported draft: an EAGLE-3 chain, or one
+    parallel forward when its config.json says `parallel_drafting` (P-EAGLE, eagle3.export.parallel_keys)."""
+    spec = {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": int(steps)}
+    config = Path(draft_dir) / "config.json"
+    if config.exists() and json.loads(config.read_text()).get("parallel_drafting") is True:
+        spec["parallel_drafting"] = True
+    return spec
 
 
 def _cpu_bind() -> str:

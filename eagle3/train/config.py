@@ -112,6 +112,11 @@ class TrainConfig:
     """Draft architecture of a fresh run: "eagle3", or "eagle3.1" (an RMSNorm per aux block before fc, and the
     post-norm hidden fed to the next TTT step; vLLM serves it, SGLang does not: docs/draft.md). Recorded in the
     checkpoint's config.json; a resumed run keeps the checkpoint's."""
+    parallel_drafting: bool = False
+    """P-EAGLE for a fresh run: TTT steps 1.. train parallel slots fed the mask token and a learned mask_hidden,
+    so the draft proposes a round's k tokens in one forward (vLLM serves it with `parallel_drafting`; SGLang does
+    not: docs/draft.md "P-EAGLE"). Recorded in the checkpoint's config.json; a resumed run keeps the
+    checkpoint's."""
     train_time_budget: float = 0.0
     """Seconds of training (0: off; then epochs/max_steps decide). The run times its first optimizer steps,
     then fixes the step count (and so the LR schedule) to what fits in the budget, over as many epochs as

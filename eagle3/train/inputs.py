@@ -114,7 +114,8 @@ def load_inputs(cfg: TrainConfig, device: str = "cpu") -> TrainInputs:
                          f"{model_fingerprint(target_dir)}; pass the target the store was built from",
                          file=storage.join(store.uri, STORE_JSON))
     dcfg = DraftConfig.from_target(target_cfg, int(d2t.shape[0]), list(store.aux_layers), cfg.draft_variant,
-                                   sliding_window=cfg.draft_window, target_model=name, target_fingerprint=stored_fp)
+                                   sliding_window=cfg.draft_window, parallel_drafting=cfg.parallel_drafting,
+                                   target_model=name, target_fingerprint=stored_fp)
     if dcfg.hidden_size != int(store.hidden_size):
         raise InputError(f"store hidden_size {store.hidden_size} != target hidden_size {dcfg.hidden_size}",
                          file=storage.join(store.uri, STORE_JSON))

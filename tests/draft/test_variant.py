@@ -20,53 +20,67 @@ def _rms(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def vllm_reference(model, ids, aux, chain: int):
-    """vLLM 0.32's Eagle3LlamaForCausalLM (model_executor/models/llama_eagle3.py), written out from its source
-    for one sequence: combine_hidden_states (fc_norm per chunk, then fc), the layer (embeds through
-    input_layernorm, hidden through hidden_norm, residual = the unnormed hidden, fused add + norm), the final
-    norm returning (normed, prenorm) and aux_output = normed if norm_output else prenorm. Attention is plain
-    causal SDPA over every position so far (GQA repeated). Returns the argmax-ready logits of the prefill's last
-    row, then of each of ``chain`` steps fed its own previous token and aux_output."""
-    cfg, layer = model.config, model.midlayer
-    eps, h = cfg.rms_norm_eps, cfg.hidden_size
-    w = {n: p.detach() for n, p in model.named_parameters()}
+def vllm_combine(model, aux):
+    """vLLM's combine_hidden_states: fc_norm per aux chunk (3.1), then fc."""
+    cfg, w = model.config, {n: p.detach() for n, p in model.named_parameters()}
     x = aux
     if cfg.fc_norm:
-        x = torch.cat([_rms(c, w[f"fc_norm.{i}.weight"], eps) for i, c in enumerate(x.chunk(3, dim=-1))], -1)
-    hidden = x @ w["fc.weight"].T
+        x = torch.cat([_rms(c, w[f"fc_norm.{i}.weight"], cfg.rms_norm_eps) for i, c in enumerate(x.chunk(3, dim=-1))],
+                      -1)
+    return x @ w["fc.weight"].T
+
+
+def vllm_pass(model, tokens, hidden, pos, keys, values):
+    """One forward of vLLM's draft layer over t new rows (input ids ``tokens``, combined ``hidden`` [t, H], integer
+    positions ``pos``), appending their keys/values to ``keys``/``values``: embeds through input_layernorm, hidden
+    through hidden_norm, residual = the unnormed hidden, fused add + norm, the final norm returning (normed,
+    prenorm). Attention is plain causal SDPA over every row so far (GQA repeated). Returns (logits, normed,
+    prenorm), each [t, ...]."""
+    cfg, layer = model.config, model.midlayer
+    eps = cfg.rms_norm_eps
+    w = {n: p.detach() for n, p in model.named_parameters()}
+    t, inv = len(tokens), model.inv_freq
+    emb = model.embed_weight[torch.as_tensor(tokens)]
+    a = torch.cat([_rms(emb, w["midlayer.input_layernorm.weight"], eps),
+                   _rms(hidden, w["midlayer.hidden_norm.weight"], eps)], -1)
+    residual = hidden
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q = (a @ w["midlayer.self_attn.q_proj.weight"].T).view(t, nh, hd).transpose(0, 1)
+    k = (a @ w["midlayer.self_attn.k_proj.weight"].T).view(t, nkv, hd).transpose(0, 1)
+    v = (a @ w["midlayer.self_attn.v_proj.weight"].T).view(t, nkv, hd).transpose(0, 1)
+    ang = torch.as_tensor(pos)[:, None].float() * inv[None]
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+
+    def rope(z):
+        return z * cos + torch.cat([-z[..., hd // 2:], z[..., :hd // 2]], -1) * sin
+    keys.append(rope(k)), values.append(v)
+    kk, vv = torch.cat(keys, 1).repeat_interleave(nh // nkv, 0), torch.cat(values, 1).repeat_interleave(nh // nkv, 0)
+    s = kk.shape[1]
+    allowed = torch.arange(s)[None] <= (torch.arange(t)[:, None] + s - t)
+    o = F.scaled_dot_product_attention(rope(q), kk, vv, attn_mask=allowed)
+    attn = o.transpose(0, 1).reshape(t, nh * hd) @ w["midlayer.self_attn.o_proj.weight"].T
+    residual = attn + residual
+    m = _rms(residual, w["midlayer.post_attention_layernorm.weight"], eps)
+    mlp = (F.silu(m @ w["midlayer.mlp.gate_proj.weight"].T) * (m @ w["midlayer.mlp.up_proj.weight"].T)) \
+        @ w["midlayer.mlp.down_proj.weight"].T
+    prenorm = mlp + residual
+    normed = _rms(prenorm, w["norm.weight"], eps)
+    return normed @ w["lm_head.weight"].T, normed, prenorm
+
+
+def vllm_reference(model, ids, aux, chain: int):
+    """vLLM 0.32's Eagle3LlamaForCausalLM (model_executor/models/llama_eagle3.py), written out from its source
+    for one sequence (`vllm_combine`, `vllm_pass`); the next step is fed aux_output = normed if norm_output else
+    prenorm. Returns the argmax-ready logits of the prefill's last row, then of each of ``chain`` steps fed its
+    own previous token and aux_output."""
+    hidden = vllm_combine(model, aux)
     keys, values, tokens, outs = [], [], ids.tolist(), []
-    inv = model.inv_freq
     for step in range(chain + 1):
         t = len(tokens) if step == 0 else 1
         pos = torch.arange(len(tokens) - t, len(tokens)) if step else torch.arange(t)
-        emb = model.embed_weight[torch.tensor(tokens[-t:])]
-        a = torch.cat([_rms(emb, w["midlayer.input_layernorm.weight"], eps),
-                       _rms(hidden, w["midlayer.hidden_norm.weight"], eps)], -1)
-        residual = hidden
-        nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q = (a @ w["midlayer.self_attn.q_proj.weight"].T).view(t, nh, hd).transpose(0, 1)
-        k = (a @ w["midlayer.self_attn.k_proj.weight"].T).view(t, nkv, hd).transpose(0, 1)
-        v = (a @ w["midlayer.self_attn.v_proj.weight"].T).view(t, nkv, hd).transpose(0, 1)
-        ang = pos[:, None].float() * inv[None]
-        cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
-
-        def rope(z):
-            return z * cos + torch.cat([-z[..., hd // 2:], z[..., :hd // 2]], -1) * sin
-        keys.append(rope(k)), values.append(v)
-        kk, vv = torch.cat(keys, 1).repeat_interleave(nh // nkv, 0), torch.cat(values, 1).repeat_interleave(nh // nkv, 0)
-        s = kk.shape[1]
-        allowed = torch.arange(s)[None] <= (torch.arange(t)[:, None] + s - t)
-        o = F.scaled_dot_product_attention(rope(q), kk, vv, attn_mask=allowed)
-        attn = o.transpose(0, 1).reshape(t, nh * hd) @ w["midlayer.self_attn.o_proj.weight"].T
-        residual = attn + residual
-        m = _rms(residual, w["midlayer.post_attention_layernorm.weight"], eps)
-        mlp = (F.silu(m @ w["midlayer.mlp.gate_proj.weight"].T) * (m @ w["midlayer.mlp.up_proj.weight"].T)) \
-            @ w["midlayer.mlp.down_proj.weight"].T
-        prenorm = mlp + residual
-        normed = _rms(prenorm, w["norm.weight"], eps)
-        logits = normed @ w["lm_head.weight"].T
+        logits, normed, prenorm = vllm_pass(model, tokens[-t:], hidden, pos, keys, values)
         outs.append(logits[-1])
-        hidden = (normed if cfg.norm_output else prenorm)[-1:]
+        hidden = (normed if model.config.norm_output else prenorm)[-1:]
         tokens.append(int(logits[-1].argmax() + model.d2t[logits[-1].argmax()]))
     return torch.stack(outs)
 

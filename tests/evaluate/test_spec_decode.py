@@ -108,11 +108,56 @@ def test_stops_at_eos_inside_accepted_drafts(tiny):
     assert greedy_generate(tiny, PROMPT, 16, eos).tokens == cut
 
 
-def _random_draft(tiny_llama_dir, vd=4096):
+class ParallelOracleDraft(OracleDraft):
+    """OracleDraft as a P-EAGLE stepper: the whole round from one `propose`, never `extend` or `chain`."""
+
+    parallel = True
+
+    def propose(self, token_ids, aux, k):
+        self.extend(token_ids, aux)
+        right = [self.seq[self.n + 1 + i] if self.n + 1 + i < len(self.seq) else 0 for i in range(k)]
+        return [r if i < self.correct else (r + 1) % 49152 for i, r in enumerate(right)]
+
+    def chain(self, token_id, hidden):
+        raise AssertionError("a parallel draft is never chained")
+
+
+@pytest.mark.parametrize("correct,steps", [(0, 3), (2, 3), (3, 3), (4, 5)])
+def test_a_parallel_draft_drafts_each_round_in_one_call(tiny, correct, steps):
+    base = greedy_generate(tiny, PROMPT, 20, frozenset())
+    draft = ParallelOracleDraft(PROMPT + base.tokens, correct)
+    spec = speculative_generate(tiny, draft, PROMPT, 20, frozenset(), steps=steps)
+    assert spec.tokens == base.tokens
+    assert all(r.accepted == min(correct, steps) for r in spec.steps[:-1])
+    assert [c for c, _ in draft.calls] == ["extend"] * len(spec.steps)  # one draft call per verification
+
+
+def test_random_parallel_draft_is_lossless_with_one_draft_forward_per_round(tiny, tiny_llama_dir):
+    draft = _random_draft(tiny_llama_dir, parallel_drafting=True)
+    forwards = []
+    step = draft.step
+    draft.step = lambda *a, **kw: forwards.append(a[0].shape[1]) or step(*a, **kw)
+    stepper = Eagle3DraftStepper(draft)
+    assert stepper.parallel
+    for prompt in (PROMPT, [1, 504, 3145, 314, 7734, 30]):
+        forwards.clear()
+        base = greedy_generate(tiny, prompt, 24, EOS)
+        spec = speculative_generate(tiny, stepper, prompt, 24, EOS, steps=3)
+        assert spec.tokens == base.tokens
+        assert len(forwards) == len(spec.steps)  # the k proposals of a round come from one forward
+        assert forwards[0] == len(prompt) + 2  # the prompt's rows (shifted, the root last) + 2 mask slots
+        assert len(stepper) <= len(prompt) + len(spec.tokens)  # the slots' rows were dropped
+
+
+def _random_draft(tiny_llama_dir, vd=4096, parallel_drafting=False):
     from eagle3.draft.build import build_draft
     from eagle3.draft.config import DraftConfig
 
     cfg = DraftConfig.from_target_dir(tiny_llama_dir, draft_vocab_size=vd, aux_layers=[1, 3, 4])
+    if parallel_drafting:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, parallel_drafting=True)
     d2t = torch.zeros(vd, dtype=torch.long)  # draft id i -> target id i
     t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     t2d[:vd] = True
