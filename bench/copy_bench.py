@@ -105,6 +105,8 @@ def main() -> None:
             hidden, history, preds = draft.project_aux(aux[None].float()), [], []
             for i in range(k):  # the TTT chain: step i at t reads x_{t+1+i}, predicts x_{t+2+i}
                 shifted = torch.cat([x[:, 1 + i:], torch.zeros_like(x[:, :1 + i])], dim=1)
+                if i and draft.config.parallel_drafting:  # P-EAGLE: slot i is fed the mask token and mask_hidden
+                    shifted, hidden = draft.mask_inputs(tuple(shifted.shape))
                 logits, hidden = draft.ttt_step(shifted, hidden, pos + i, history, mask0)
                 preds.append(draft.draft_to_target(logits[0].argmax(-1)).tolist())
         n_p = len(p_ids)

@@ -3,6 +3,8 @@
 Takes a finished eagle3_train run and trains its draft again with ONE setting changed:
 
   --vary draft_variant   EAGLE-3 <-> EAGLE 3.1
+  --vary parallel_drafting   a chain (k draft forwards a round) <-> P-EAGLE (one); the speed-ups are printed too,
+                         since P-EAGLE trades acceptance for drafting time
   --vary seed            the same data in another order and another init: how far two drafts differ by training
                          noise alone, the yardstick for the other two (the paired interval covers the prompts,
                          not the training)
@@ -36,14 +38,19 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from bench.stage_process import run_stage  # noqa: E402  (after the path)
-VARIES = ("draft_variant", "target_engine", "seed")
-OTHER = {"draft_variant": {"eagle3": "eagle3.1", "eagle3.1": "eagle3"},
+VARIES = ("draft_variant", "parallel_drafting", "target_engine", "seed")
+OTHER = {"draft_variant": {"eagle3": "eagle3.1", "eagle3.1": "eagle3"}, "parallel_drafting": {False: True, True: False},
          "target_engine": {"transformers": "vllm", "vllm": "transformers", "sglang": "transformers"}}
 
 
 def other_value(vary: str, mine):
     """The value the second draft trains with: the other variant or engine, or the next seed."""
     return mine + 1 if vary == "seed" else OTHER[vary][mine]
+
+
+def label(vary: str, value) -> str:
+    """A value's name in the output: P-EAGLE's booleans by what they mean."""
+    return {True: "parallel", False: "chain"}[value] if vary == "parallel_drafting" else str(value)
 # What must match for the run's own vLLM report to stand for a new evaluation of its draft.
 SAME_BENCHMARK = ("prompts_source", "num_prompts", "steps", "max_new_tokens")
 
@@ -76,7 +83,8 @@ def run_inputs(run: str) -> dict:
     steps = int(state["total_steps"])
     budget = state.get("budget") or {}
     warmup = int(budget.get("warmup") or max(1, round(tc["warmup_ratio"] * steps)))
-    variant = json.load(open(os.path.join(ckpt_dir, checkpoint.CONFIG_FILE))).get("variant", "eagle3")
+    draft_cfg = json.load(open(os.path.join(ckpt_dir, checkpoint.CONFIG_FILE)))
+    variant = draft_cfg.get("variant", "eagle3")
     store = None
     if tc.get("store") and not tc.get("online"):
         folder = resolve_store_dir(tc["store"], store_key_of(from_dict(TrainConfig, tc)))
@@ -84,7 +92,8 @@ def run_inputs(run: str) -> dict:
     # The engines that computed the trained samples' states (a re-run reuses what another engine stored).
     engines = json.load(open(layout.task_result("train"))).get("engines") or {}
     return {"layout": layout, "train_config": tc, "steps": steps, "warmup": warmup, "seed": int(tc["seed"]),
-            "epoch": int(state["position"]["epoch"]), "draft_variant": variant, "store": store, "engines": engines,
+            "epoch": int(state["position"]["epoch"]), "draft_variant": variant,
+            "parallel_drafting": bool(draft_cfg.get("parallel_drafting", False)), "store": store, "engines": engines,
             "target_engine": next(iter(engines)) if len(engines) == 1 else None, "budgeted": bool(budget.get("fixed"))}
 
 
@@ -98,7 +107,7 @@ def retrain_config(inputs: dict, vary: str, other: str, work: str) -> dict:
               epochs=inputs["epoch"] + 2, warmup_ratio=warmup / steps)
     if inputs["budgeted"]:
         tc["schedule_from"] = inputs["layout"].folder("checkpoint")
-    if vary in ("draft_variant", "seed"):
+    if vary in ("draft_variant", "parallel_drafting", "seed"):
         tc[vary] = other
     elif tc.get("online"):  # the other engine serves the target while it trains; nothing is written back
         tc.update(target_engine=other, store=None, write_back=False)
@@ -144,6 +153,7 @@ def compare(base: dict, changed: dict, base_name: str, changed_name: str) -> dic
         raise SystemExit("the two evaluations measured different prompts; they cannot be paired")
     pair = paired_agreement([c for _, c in a], [c for _, c in b])
     return {"tau": {base_name: tau_of([c for _, c in b]), changed_name: tau_of([c for _, c in a])},
+            "speedup": {base_name: base.get("speedup"), changed_name: changed.get("speedup")},
             "lossless": {base_name: base["lossless"], changed_name: changed["lossless"]},
             "same_greedy_output": sum(x.get("token_ids") == y.get("token_ids")
                                       for x, y in zip(changed["prompts"], base["prompts"])),
@@ -178,8 +188,8 @@ def paired(run: str, vary: str, work: str | None = None, prompts: str = "humanev
     bench = ["--prompts", prompts, "--limit", str(limit), "--max-new-tokens", str(max_new_tokens),
              "--steps", str(steps), "--backend", "vllm"]
     reports = {}
-    for name, d in ((str(mine), inputs["layout"].folder("draft")), (str(other), draft)):
-        reused = reusable_report(run, prompts, limit, steps, max_new_tokens) if name == str(mine) else None
+    for name, d in ((label(vary, mine), inputs["layout"].folder("draft")), (label(vary, other), draft)):
+        reused = reusable_report(run, prompts, limit, steps, max_new_tokens) if name == label(vary, mine) else None
         if reused is not None:
             say(f"{vary}={name}: the run's own vLLM evaluation is reused (same prompts and settings)")
             reports[name] = reused
@@ -192,7 +202,8 @@ def paired(run: str, vary: str, work: str | None = None, prompts: str = "humanev
     result = {"run": run, "vary": vary, "engines": inputs["engines"], "base": mine, "changed": other,
               "steps": inputs["steps"], "warmup": inputs["warmup"], "benchmark": {"prompts": prompts, "limit": limit, "steps": steps,
                                                          "max_new_tokens": max_new_tokens, "engine": "vllm"},
-              **compare(reports[str(mine)], reports[str(other)], str(mine), str(other)),
+              **compare(reports[label(vary, mine)], reports[label(vary, other)], label(vary, mine),
+                        label(vary, other)),
               "seconds": {k: round(v, 1) for k, v in seconds.items()}}
     with open(os.path.join(work, "paired.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -201,13 +212,16 @@ def paired(run: str, vary: str, work: str | None = None, prompts: str = "humanev
 
 
 def summary_line(r: dict) -> str:
-    d, base, changed = r["difference"], str(r["base"]), str(r["changed"])
+    d, base, changed = r["difference"], label(r["vary"], r["base"]), label(r["vary"], r["changed"])
     iv = d["interval"]
+    speed = r.get("speedup") or {}
+    speeds = (f"; speed-up over the target alone {base} {speed[base]:.2f}x, {changed} {speed[changed]:.2f}x"
+              if speed.get(base) and speed.get(changed) else "")
     return (f"{r['vary']}, vLLM, {r['benchmark']['prompts']} x {r['prompts']}, k={r['benchmark']['steps']}, "
             f"{r['steps']} steps each: tau {base} {r['tau'][base]:.3f}, {changed} "
             f"{r['tau'][changed]:.3f}; {changed} - {base} = {d['difference']:+.3f} "
             f"(95% paired interval [{iv[0]:+.3f}, {iv[1]:+.3f}]: "
-            f"{'no difference the prompts can show' if d['agree'] else 'a difference'})")
+            f"{'no difference the prompts can show' if d['agree'] else 'a difference'}){speeds}")
 
 
 def main() -> None:

@@ -40,6 +40,22 @@ def test_the_second_draft_changes_one_setting_and_keeps_the_schedule(tmp_path):
     assert budgeted["schedule_from"] == "/r/checkpoint" and budgeted["train_time_budget"] == 0.0
 
 
+def test_p_eagle_pairs_against_the_chain_and_prints_both_speed_ups(tmp_path):
+    inputs = _inputs(parallel_drafting=False)
+    other = pb.other_value("parallel_drafting", inputs["parallel_drafting"])
+    tc = pb.retrain_config(inputs, "parallel_drafting", other, str(tmp_path))
+    assert (tc["parallel_drafting"], tc["draft_variant"], tc["store"], tc["max_steps"]) == (True, "eagle3",
+                                                                                            "/root/store", 208)
+    assert (pb.label("parallel_drafting", False), pb.label("parallel_drafting", True)) == ("chain", "parallel")
+    base = {"primary_set": "humaneval", "lossless": True, "speedup": 1.5, "prompts": [_prompt(0, 20, 10, [1])]}
+    changed = {"primary_set": "humaneval", "lossless": True, "speedup": 1.6, "prompts": [_prompt(0, 20, 12, [1])]}
+    out = {"vary": "parallel_drafting", "base": False, "changed": True, "steps": 208,
+           "benchmark": {"prompts": "humaneval", "steps": 3},
+           **pb.compare(base, changed, "chain", "parallel")}
+    line = pb.summary_line(out)
+    assert "tau chain 2.000, parallel 1.667" in line and "chain 1.50x, parallel 1.60x" in line, line
+
+
 def test_an_online_run_trains_online_from_the_other_engine(tmp_path):
     inputs = _inputs()
     inputs["train_config"].update(online=True, target_engine="transformers", write_back=True)
