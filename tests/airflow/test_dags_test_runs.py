@@ -40,7 +40,8 @@ def newest_run_dir(root: Path) -> Path:
 def test_injected_oom_retries_once_and_resumes_with_half_batch(airflow_home, tmp_path, tiny_llama_dir):
     manifest = write_tiny_manifest(tmp_path / "data")
     root = tmp_path / "artifacts"
-    conf = tiny_conf(manifest, tiny_llama_dir, str(root), token_budget=512, extract_shards=1)
+    # A P-EAGLE draft (the parallel_drafting Param): the setting survives the OOM resume into the export.
+    conf = tiny_conf(manifest, tiny_llama_dir, str(root), token_budget=512, extract_shards=1, parallel_drafting=True)
     proc = dags_test(airflow_home, conf, EAGLE3_INJECT_OOM_ABOVE_TOKENS="300")
     tis = task_instances(airflow_home)
     assert tis[("extract", 0)] == ("success", 2), (tis, proc.stdout[-3000:])
@@ -50,6 +51,10 @@ def test_injected_oom_retries_once_and_resumes_with_half_batch(airflow_home, tmp
     state = json.loads((run / "checkpoint" / "latest.json").read_text())
     train_state = json.loads((run / "checkpoint" / state["dir"] / "train_state.json").read_text())
     assert train_state["token_budget"] == 256 and train_state["grad_accum"] == 2, train_state
+    draft_cfg = json.loads((run / "checkpoint" / state["dir"] / "config.json").read_text())
+    assert draft_cfg.get("draft", draft_cfg)["parallel_drafting"] is True, draft_cfg
+    assert json.loads((run / "draft" / "config.json").read_text())["parallel_drafting"] is True
+    assert json.loads((run / "eval" / "report.json").read_text())["lossless"] is True
     # The Params' defaults (the demo's) give the run 780 s, 270 of them kept after train at 750 tok/s of
     # extraction: the tiny target extracted far faster, so the reserve shrank to its floor (half), and the tiny run
     # reached train within a few minutes, so its 150-s budget was stretched to that deadline (max_steps ends it).

@@ -130,3 +130,18 @@ def test_parse_generate_requires_documented_fields():
 def test_chain_needs_steps_plus_one_draft_tokens(tmp_path):
     with pytest.raises(InputError, match="num_steps \\+ 1"):
         SGLangBenchConfig(target="t", draft="d", out=str(tmp_path), num_steps=3, num_draft_tokens=8)
+
+
+def test_a_p_eagle_draft_is_refused_naming_its_config(tmp_path):
+    """SGLang has no parallel drafter: it would load a P-EAGLE export as a chain draft (skipping mask_hidden)."""
+    from eagle3.evaluate.sglang_bench import SGLangBenchmark
+
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"parallel_drafting": True, "mask_token_id": 0}))
+    cfg = SGLangBenchConfig(target="t", draft=str(draft), out=str(tmp_path / "out"))
+    with pytest.raises(InputError, match="parallel_drafting") as err:
+        SGLangBenchmark(cfg)
+    assert str(draft / "config.json") in str(err.value)
+    (draft / "config.json").write_text(json.dumps({"parallel_drafting": False}))
+    SGLangBenchmark(cfg)  # a chain draft passes
