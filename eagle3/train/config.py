@@ -186,6 +186,9 @@ class TrainConfig:
         if self.draft_variant not in DRAFT_VARIANTS:
             raise InputError(f"TrainConfig.draft_variant={self.draft_variant!r} is not one of "
                              f"{', '.join(DRAFT_VARIANTS)}")
+        if self.parallel_drafting and self.ttt_length < 2:
+            raise InputError(f"TrainConfig.parallel_drafting trains the parallel slots as TTT steps 1..; ttt_length="
+                             f"{self.ttt_length} has none: use --ttt-length 2 or more (the deepest slot served)")
         if not self.train_time_budget >= 0:
             raise InputError(f"TrainConfig.train_time_budget must be >= 0 seconds (0: off), "
                              f"got {self.train_time_budget!r}")

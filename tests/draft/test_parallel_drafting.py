@@ -156,3 +156,11 @@ def test_export_carries_what_vllm_reads_and_loads_back(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "mask_token_id"}))
     with pytest.raises(InputError, match="mask_token_id"):
         load_exported_draft(str(tmp_path), model.embed_weight)
+
+
+def test_training_refuses_p_eagle_without_a_slot_to_train():
+    from eagle3.train.config import TrainConfig
+
+    with pytest.raises(InputError, match="ttt-length 2"):
+        TrainConfig(store="/s", vocab="/v", out="/o", parallel_drafting=True, ttt_length=1)
+    assert TrainConfig(store="/s", vocab="/v", out="/o", parallel_drafting=True, ttt_length=2).parallel_drafting
