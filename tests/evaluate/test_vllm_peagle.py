@@ -4,7 +4,7 @@ acceptance counts, at every draft position, equal the project decoder's. The dra
 (parallel_drafting=True) on SmolLM2's own answers to the two prompts, so its mask slots are right often: a
 slot that vLLM fed differently (another position, token or hidden) would be accepted at other rounds.
 
-One vLLM start (the P-EAGLE server; the greedy reference is the transformers target's, fp32 as vLLM here: the
+One vLLM start (the P-EAGLE server; ~60 s in all here; the greedy reference is the transformers target's, fp32 as vLLM here: the
 project decoder's baseline), --enforce-eager; the compile cache under ~/.cache/eagle3/vllm is reused.
 """
 
@@ -46,7 +46,7 @@ def peagle_run(smollm2_dir, tmp_path_factory):
         seqs.append(ids + greedy_generate(runner, ids, NEW_TOKENS + 8, frozenset()).tokens)
     del runner
     torch.set_num_threads(2)
-    store, vocab = build_store(tmp, smollm2_dir, seqs=seqs * 4, draft_vocab=256)
+    store, vocab = build_store(tmp, smollm2_dir, seqs=seqs, draft_vocab=256)
     train(TrainConfig(store=store, vocab=vocab, out=str(tmp / "ckpt"), ttt_length=K, parallel_drafting=True,
                       token_budget=4096, epochs=60, lr=2e-3, log_every=20, eval_every=0, heldout_share=0.0,
                       init="target", device="cpu", precision="float32"))
