@@ -316,10 +316,14 @@ class Trainer:
         cfg, dist = self.cfg, self.dist
         if self.budget is not None and self.budget.fixed:  # a budget's count runs past ``epochs``
             todo = list(itertools.islice(self._future_batches(), max(self.total_steps - self.step, 0)))
+            done = [b for e in range(self.pos.epoch) for b in self.plan(e)] + self.plan(self.pos.epoch)[:self.pos.index]
         else:
-            todo = [b for e in range(cfg.epochs) for b in self.plan(e)][self.step: self.total_steps]
+            batches = [b for e in range(cfg.epochs) for b in self.plan(e)]
+            todo, done = batches[self.step: self.total_steps], batches[:self.step]
+        # A resumed run (an OOM retry, a killed task) names what its earlier attempts trained.
         progress = Progress("train", total_samples=sum(map(len, todo)),
-                            total_tokens=sum(self.lengths[s] for b in todo for s in b))
+                            total_tokens=sum(self.lengths[s] for b in todo for s in b),
+                            kept=sum(map(len, done)) if self.step else 0)
         run_tokens, t0 = 0, time.monotonic()
         last_eval = None
         if self.ckpt is not None and self.step >= self.total_steps and (self.budget is None or self.budget.fixed):

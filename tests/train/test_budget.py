@@ -187,9 +187,14 @@ def test_max_steps_at_another_runs_fixed_count_gives_its_schedule(monkeypatch, t
                                rtol=1e-4, atol=1e-6)
 
 
-def test_a_resumed_budget_run_keeps_the_fixed_steps_and_the_curve(monkeypatch, tiny_store, tmp_path):
+def test_a_resumed_budget_run_keeps_the_fixed_steps_and_the_curve(monkeypatch, tiny_store, tmp_path, caplog):
+    import re
+
     torch.set_num_threads(1)
-    ref = _budget_run(monkeypatch, tiny_store, tmp_path / "ref", dt=0.125, save_every=1, keep=1000)
+    with caplog.at_level("INFO"):
+        ref = _budget_run(monkeypatch, tiny_store, tmp_path / "ref", dt=0.125, save_every=1, keep=1000)
+    ref_log = caplog.text
+    caplog.clear()
     refit = ref["budget"]["measured"].get("refit")
     k = refit["at_step"] + 1 if refit else BUDGET_PROBE_STEPS + 3  # after the total was fixed the last time
     assert ref["steps"] > k + 1
@@ -200,8 +205,13 @@ def test_a_resumed_budget_run_keeps_the_fixed_steps_and_the_curve(monkeypatch, t
             shutil.rmtree(d)
     (out / "latest.json").write_text(json.dumps({"step": k, "dir": f"step-{k:08d}"}))
     # A machine 4x slower now: were the total measured again it would shrink; the checkpoint's is kept.
-    done = _budget_run(monkeypatch, tiny_store, out, dt=0.5, save_every=1, keep=1000)
+    with caplog.at_level("INFO"):
+        done = _budget_run(monkeypatch, tiny_store, out, dt=0.5, save_every=1, keep=1000)
     assert done["steps"] == ref["steps"]
+    # Its progress names the samples of the k steps it resumed after: the reference's total less its own.
+    whole = [int(m) for m in re.findall(r"train: \d+/(\d+) samples", ref_log)]
+    rest = re.findall(r"train: \d+/(\d+) samples \(\+(\d+) kept from an earlier run\)", caplog.text)
+    assert whole and rest and int(rest[-1][1]) == whole[-1] - int(rest[-1][0]) > 0, (whole[-1:], rest[-1:])
     torch.testing.assert_close(torch.tensor(losses(out)), torch.tensor(losses(tmp_path / "ref")), rtol=1e-4, atol=1e-6)
 
 

@@ -89,15 +89,24 @@ def test_resume_keeps_the_checkpoints_vocab_map(tiny_store, tmp_path, caplog):
     """A draft continued from a checkpoint keeps that checkpoint's d2t, even if --vocab now says otherwise."""
     torch.set_num_threads(1)
     out = tmp_path / "ckpt"
-    train(cfg_for(tiny_store, out, max_steps=2))
+    with caplog.at_level("INFO"):
+        train(cfg_for(tiny_store, out, max_steps=2))
     original = checkpoint.load_latest(str(out)).model["d2t"]
     v = len(load_vocab(tiny_store["vocab"])[1])
     other = write_vocab(tmp_path / "other-vocab", range(2000, 2064), v)  # another draft vocab of the same size
-    with caplog.at_level("WARNING"):
+    first = caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO"):
         summary = train(cfg_for(tiny_store, out, max_steps=3, vocab=str(other)))
     assert summary["steps"] == 3
     assert torch.equal(checkpoint.load_latest(str(out)).model["d2t"], original)
     assert "keeping the checkpoint's d2t" in caplog.text
+    # The resumed run's progress names the samples of the first run's 2 steps (that run's own total).
+    import re
+
+    trained = re.findall(r"train: \d+/(\d+) samples", first)
+    kept = re.findall(r"train: \d+/\d+ samples \(\+(\d+) kept from an earlier run\)", caplog.text)
+    assert trained and kept and int(kept[-1]) == int(trained[-1]), (trained, kept)
 
 
 def test_checkpoints_and_metrics_on_s3(tiny_store, s3_bucket):
