@@ -1,11 +1,12 @@
 """vLLM (the real engine, CPU build) serves this project's P-EAGLE draft with `parallel_drafting`: it loads
-`mask_hidden` and `mask_token_id` from the export, speculates losslessly, and on the same output its per-prompt
+`mask_hidden` and `mask_token_id` from the export, its output is the fp32 greedy output, and its per-prompt
 acceptance counts, at every draft position, equal the project decoder's. The draft is trained by the trainer
 (parallel_drafting=True) on SmolLM2's own answers to the two prompts, so its mask slots are right often: a
 slot that vLLM fed differently (another position, token or hidden) would be accepted at other rounds.
 
-One vLLM start (the P-EAGLE server; ~60 s in all here; the greedy reference is the transformers target's, fp32 as vLLM here: the
-project decoder's baseline), --enforce-eager; the compile cache under ~/.cache/eagle3/vllm is reused.
+One vLLM start (the P-EAGLE server; ~60 s in all here; the greedy reference is the transformers target's, fp32
+as vLLM here: the project decoder's baseline), --enforce-eager; the compile cache under ~/.cache/eagle3/vllm is
+reused.
 """
 
 from __future__ import annotations
