@@ -363,6 +363,13 @@ def exported_parallel(config: dict, where: str) -> bool:
     return parallel
 
 
+def draft_is_parallel(draft_dir: str) -> bool:
+    """`exported_parallel` of a draft folder's config.json; False when the folder has none (a draft the
+    engine resolves itself)."""
+    config = storage.join(draft_dir, "config.json")
+    return storage.exists(config) and exported_parallel(storage.read_json(config), config)
+
+
 def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
     """An Eagle3Draft (fp32) from an export's two files plus the target's embedding."""
     import torch

@@ -27,7 +27,6 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
-import os
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ from typing import Any
 
 from eagle3 import storage
 from eagle3.errors import Eagle3Error, GateFailed, InputError
+from eagle3.export import draft_is_parallel
 from eagle3.serving import ServerPhases, free_port
 from eagle3.serving.process import http_request
 from eagle3.serving.sglang import default_module
@@ -139,11 +139,10 @@ class SGLangBenchmark:
     """Runs the two phases; `stop()` (from an operator's on_kill) stops whatever server runs."""
 
     def __init__(self, cfg: SGLangBenchConfig):
-        config = os.path.join(cfg.draft, "config.json")
-        if os.path.exists(config) and json.load(open(config)).get("parallel_drafting") is True:
+        if draft_is_parallel(cfg.draft):
             raise InputError("a P-EAGLE (parallel_drafting) draft: SGLang has no parallel drafter (open request "
                              "sgl-project/sglang#23171) and would run it as a chain; evaluate it with --backend "
-                             "vllm or transformers", file=config)
+                             "vllm or transformers", file=storage.join(cfg.draft, "config.json"))
         self.cfg = cfg
         self.phases = ServerPhases()
         self.log_dir = tempfile.mkdtemp(prefix="eagle3-sglang-logs-")

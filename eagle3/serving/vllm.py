@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from eagle3.errors import InputError
+from eagle3.export import draft_is_parallel
 from eagle3.serving.process import ManagedServer, last_error_line
 
 MODULE = "vllm.entrypoints.openai.api_server"
@@ -48,8 +49,7 @@ def eagle3_speculative(draft_dir: str, steps: int = 3) -> dict:
     """vLLM's --speculative-config for ``steps`` draft tokens of an exported draft: an EAGLE-3 chain, or one
     parallel forward when its config.json says `parallel_drafting` (P-EAGLE, eagle3.export.parallel_keys)."""
     spec = {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": int(steps)}
-    config = Path(draft_dir) / "config.json"
-    if config.exists() and json.loads(config.read_text()).get("parallel_drafting") is True:
+    if draft_is_parallel(str(draft_dir)):
         spec["parallel_drafting"] = True
     return spec
 

@@ -271,6 +271,10 @@ class Trainer:
             if not batches:
                 return
 
+    def _past_batches(self) -> list:
+        """Each step's global batch before the current position."""
+        return [b for e in range(self.pos.epoch) for b in self.plan(e)] + self.plan(self.pos.epoch)[:self.pos.index]
+
     def _future_tokens(self):
         """Real tokens of each step from the current position on."""
         return (sum(self.lengths[s] for s in b) for b in self._future_batches())
@@ -316,7 +320,7 @@ class Trainer:
         cfg, dist = self.cfg, self.dist
         if self.budget is not None and self.budget.fixed:  # a budget's count runs past ``epochs``
             todo = list(itertools.islice(self._future_batches(), max(self.total_steps - self.step, 0)))
-            done = [b for e in range(self.pos.epoch) for b in self.plan(e)] + self.plan(self.pos.epoch)[:self.pos.index]
+            done = self._past_batches()
         else:
             batches = [b for e in range(cfg.epochs) for b in self.plan(e)]
             todo, done = batches[self.step: self.total_steps], batches[:self.step]

@@ -156,6 +156,13 @@ def test_export_carries_what_vllm_reads_and_loads_back(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "mask_token_id"}))
     with pytest.raises(InputError, match="mask_token_id"):
         load_exported_draft(str(tmp_path), model.embed_weight)
+    with pytest.raises(InputError, match="mask_token_id"):  # the server is refused the same way
+        eagle3_speculative(str(tmp_path), 3)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "parallel_drafting": "true"}))
+    with pytest.raises(InputError, match="true or false"):  # not read as a chain draft
+        eagle3_speculative(str(tmp_path), 3)
+    (tmp_path / "config.json").unlink()
+    assert "parallel_drafting" not in eagle3_speculative(str(tmp_path), 3)  # a folder without a config
 
 
 def test_training_refuses_p_eagle_without_a_slot_to_train():
