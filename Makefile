@@ -83,8 +83,8 @@ test:
 	$(MAKE) -j2 venv-test vllm
 	$(MAKE) airflow-home
 	$(PYTEST) -n 2 --dist loadscope --durations=25 -m "not precision"
-	EAGLE3_PRECISION=float32 $(PYTEST) -m precision
-	EAGLE3_PRECISION=bfloat16 $(PYTEST) -m precision
+	EAGLE3_PRECISION=float32 $(PYTEST) -n 2 --dist loadscope -m precision
+	EAGLE3_PRECISION=bfloat16 $(PYTEST) -n 2 --dist loadscope -m precision
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(AIRFLOW_HOME) artifacts

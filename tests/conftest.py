@@ -108,6 +108,7 @@ SLOW_FIRST = (
     "tests/airflow/test_celery_cluster.py", "tests/extract/test_vllm_extract.py", "tests/airflow/test_run_outcome.py",
     "tests/ui/test_make_airflow.py", "tests/airflow/test_dags_gemma3.py", "tests/train/test_online.py",
     "tests/extract/test_resume_cli.py", "tests/regenerate/test_vllm_regenerate.py", "tests/airflow/test_dag_long_context.py",
+    "tests/evaluate/test_vllm_peagle.py", "tests/train/test_compile.py", "tests/bench/test_train_bench.py",
 )
 """The longest modules (measured by `make test --durations`), started first: `make test` gives xdist whole
 modules (--dist loadscope), and a long one started last leaves the other worker idle to the end."""
