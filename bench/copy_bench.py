@@ -48,12 +48,35 @@ def heldout_stubs(n: int) -> list:
     return [Prompt(f"stub/{i}", tuple(code_completion(rng)["messages"][:1])) for i in range(n)]
 
 
+def teacher_forced_logits(draft, ids: list[int], aux, k: int):
+    """[k, T, Vd]: row t of step i is the draft's logits for token t+2+i, having read the true tokens up to t+1
+    and the aux states up to t (the TTT chain of eagle3/draft/ttt.py: step i at t reads x_{t+1+i}; a P-EAGLE
+    draft's slots i >= 1 read the mask token and mask_hidden instead): the decoder's proposals from that prefix,
+    with the true tokens fed to its chain."""
+    import torch
+
+    from eagle3.draft.ttt import positions_in_sample, step0_mask
+
+    x = torch.tensor(ids)[None]
+    seg = torch.ones_like(x)
+    pos, mask0 = positions_in_sample(seg), step0_mask(seg)
+    steps, history = [], []
+    with torch.no_grad():
+        hidden = draft.project_aux(aux[None].float())
+        for i in range(k):
+            shifted = torch.cat([x[:, 1 + i:], torch.zeros_like(x[:, :1 + i])], dim=1)
+            if i and draft.config.parallel_drafting:
+                shifted, hidden = draft.mask_inputs(tuple(shifted.shape))
+            logits, hidden = draft.ttt_step(shifted, hidden, pos + i, history, mask0)
+            steps.append(logits[0])
+    return torch.stack(steps)
+
+
 def main() -> None:
     import torch
 
     from eagle3 import target as target_mod
     from eagle3.draft.build import load_target_embedding
-    from eagle3.draft.ttt import positions_in_sample, step0_mask
     from eagle3.evaluate.lookup import prompt_lookup
     from eagle3.evaluate.prompts import encode_prompt, load_prompt_sets
     from eagle3.evaluate.spec_decode import TargetRunner, eos_token_ids, greedy_generate
@@ -99,16 +122,7 @@ def main() -> None:
         ids = p_ids + out
         with torch.no_grad():
             _, aux = runner.forward(ids, runner.new_cache(rollback=False), all_logits=True, aux=True)
-            x = torch.tensor(ids)[None]
-            seg = torch.ones_like(x)
-            pos, mask0 = positions_in_sample(seg), step0_mask(seg)
-            hidden, history, preds = draft.project_aux(aux[None].float()), [], []
-            for i in range(k):  # the TTT chain: step i at t reads x_{t+1+i}, predicts x_{t+2+i}
-                shifted = torch.cat([x[:, 1 + i:], torch.zeros_like(x[:, :1 + i])], dim=1)
-                if i and draft.config.parallel_drafting:  # P-EAGLE: slot i is fed the mask token and mask_hidden
-                    shifted, hidden = draft.mask_inputs(tuple(shifted.shape))
-                logits, hidden = draft.ttt_step(shifted, hidden, pos + i, history, mask0)
-                preds.append(draft.draft_to_target(logits[0].argmax(-1)).tolist())
+        preds = draft.draft_to_target(teacher_forced_logits(draft, ids, aux, k).argmax(-1)).tolist()
         n_p = len(p_ids)
         prompt_bigrams = set(zip(p_ids, p_ids[1:]))
         copied = [(ids[j - 1], ids[j]) in prompt_bigrams for j in range(len(ids))]

@@ -63,3 +63,40 @@ def test_write_stubs_gives_evaluate_the_same_prompts(tmp_path, monkeypatch, caps
     assert capsys.readouterr().out.strip() == str(path)
     loaded = next(iter(load_prompt_sets(str(path)).values()))
     assert [p.messages for p in loaded] == [p.messages for p in copy_bench.heldout_stubs(5)]
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["chain", "p-eagle"])
+def test_teacher_forced_logits_are_the_decoders_proposals(parallel):
+    """The bench's one teacher-forced pass (the TTT layout) against the decoder's forward from each prefix
+    (`Eagle3Draft.step` over a DraftCache: the prefix, then a chain step per true token at the next position; or
+    P-EAGLE's `propose_parallel`), logits compared: an argmax hides a slot fed at the wrong position."""
+    import torch
+
+    from eagle3.draft.model import DraftCache
+    from tests.draft.tiny import make_tiny_draft
+
+    k = 3
+    draft = make_tiny_draft(seed=2, parallel_drafting=parallel, mask_token_id=7).eval()
+    if parallel:  # mask_hidden unlike the fresh ones, so slots fed anything else would show
+        with torch.no_grad():
+            draft.mask_hidden.copy_(torch.randn(draft.mask_hidden.shape, generator=torch.Generator().manual_seed(5)))
+    g = torch.Generator().manual_seed(4)
+    n = 14
+    ids = torch.randint(0, 50, (n,), generator=g)
+    aux = torch.randn(n, 3 * draft.config.hidden_size, generator=g)
+    got = copy_bench.teacher_forced_logits(draft, ids.tolist(), aux, k)
+    assert got.shape == (k, n, draft.config.draft_vocab_size)
+    with torch.no_grad():
+        for t in range(n - k - 1):
+            cache, prefix = DraftCache(), torch.arange(t + 1)[None]
+            if parallel:
+                want = draft.propose_parallel(ids[None, 1:t + 2], aux[None, :t + 1], prefix, k, cache)[0]
+            else:
+                logits, hidden = draft.step(ids[None, 1:t + 2], aux[None, :t + 1], prefix, cache)
+                want = [logits[0, -1]]
+                for i in range(1, k):
+                    logits, hidden = draft.step(ids[None, t + 1 + i: t + 2 + i], hidden[:, -1:],
+                                                torch.tensor([[t + i]]), cache)
+                    want.append(logits[0, -1])
+                want = torch.stack(want)
+            torch.testing.assert_close(got[:, t], want, rtol=1e-4, atol=1e-5, msg=f"prefix up to {t}")
