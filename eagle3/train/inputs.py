@@ -50,6 +50,14 @@ class TrainInputs:
         from eagle3.draft import Eagle3Draft, load_target_embedding
 
         cfg = DraftConfig.from_dict(ckpt.config, where=storage.join(ckpt.uri, "config.json"))
+        # The TrainConfig settings that shape a fresh draft; a resumed run keeps the checkpoint's (config.py).
+        asked, held = ({"draft_variant": c.variant, "parallel_drafting": c.parallel_drafting,
+                        "draft_window": c.sliding_window} for c in (self.draft_config, cfg))
+        differ = [k for k in asked if asked[k] != held[k]]
+        if differ:
+            log.warning("%s holds a draft with %s; this run asked for %s and continues the checkpoint's draft "
+                        "(train into a new --out for the other one)", ckpt.uri,
+                        {k: held[k] for k in differ}, {k: asked[k] for k in differ})
         if not torch.equal(ckpt.model["d2t"], self.d2t):
             log.warning("%s holds another vocab map than %s; keeping the checkpoint's d2t/t2d",
                         ckpt.uri, self.cfg.vocab)

@@ -101,12 +101,29 @@ def test_resume_keeps_the_checkpoints_vocab_map(tiny_store, tmp_path, caplog):
     assert summary["steps"] == 3
     assert torch.equal(checkpoint.load_latest(str(out)).model["d2t"], original)
     assert "keeping the checkpoint's d2t" in caplog.text
+    assert "continues the checkpoint's draft" not in caplog.text  # the same architecture asked for
     # The resumed run's progress names the samples of the first run's 2 steps (that run's own total).
     import re
 
     trained = re.findall(r"train: \d+/(\d+) samples", first)
     kept = re.findall(r"train: \d+/\d+ samples \(\+(\d+) kept from an earlier run\)", caplog.text)
     assert trained and kept and int(kept[-1]) == int(trained[-1]), (trained, kept)
+
+
+def test_a_resume_asked_for_another_architecture_says_it_keeps_the_checkpoints(tiny_store, tmp_path, caplog):
+    """draft_variant, parallel_drafting and draft_window shape a fresh draft only: a resumed run continues the
+    checkpoint's draft, and says so when the run asked for another one."""
+    torch.set_num_threads(1)
+    out = tmp_path / "ckpt"
+    train(cfg_for(tiny_store, out, max_steps=1))
+    with caplog.at_level("INFO"):
+        summary = train(cfg_for(tiny_store, out, max_steps=2, draft_variant="eagle3.1", parallel_drafting=True))
+    assert summary["steps"] == 2
+    config = checkpoint.load_latest(str(out)).config
+    assert (config["variant"], config.get("parallel_drafting", False)) == ("eagle3", False)
+    line = next(x for x in caplog.text.splitlines() if "continues the checkpoint's draft" in x)
+    assert "'draft_variant': 'eagle3'" in line and "'draft_variant': 'eagle3.1'" in line
+    assert "'parallel_drafting': True" in line and "draft_window" not in line
 
 
 def test_checkpoints_and_metrics_on_s3(tiny_store, s3_bucket):
