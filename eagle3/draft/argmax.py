@@ -14,6 +14,11 @@ so the fp32 argmax v' has z_bf16(v') >= max z_bf16 - 2 (both bounds): it is amon
 rounding ties (two entries within the fp32 product's own error) can come out differently from the one fp32
 product, as they could between two fp32 GEMM libraries. A chunk with more than `MAX_CANDIDATES` candidates per
 row on average (a loose bound: huge-norm rows, nearly flat logits) is computed the fp32 way instead.
+
+The search reads the [rows, V] bf16 logits once: the maxima of blocks of `VOCAB_BLOCK` entries give each row's
+maximum and say which blocks hold a candidate; only those blocks are compared entry by entry. (A compare and a
+nonzero over the whole chunk cost more than its product on an AMX machine: 88 against 57 ms for 1024 rows at
+V = 49152.)
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ BF16_UNIT = 2.0 ** -8
 MAX_CANDIDATES = 64
 """Average candidates per row above which a chunk falls back to the fp32 product (their recompute gathers
 H floats per candidate)."""
+VOCAB_BLOCK = 128
+"""Vocab entries per block maximum (module docstring)."""
 
 
 def bound_factor(k: int) -> float:
@@ -48,15 +55,11 @@ def in_draft_mask(x: torch.Tensor, w: torch.Tensor, t2d: torch.Tensor, fast: boo
     out = []
     for rows in x.split(chunk):
         zb = rows.to(torch.bfloat16) @ wb.T
-        thr = zb.amax(-1).float() - slack * rows.norm(dim=1)
-        # Compared in bf16 (no fp32 copy of the logits): the threshold moved down by more than bf16's rounding
-        # of it (2^-9 relative) and a subnormal's step, so the candidates only grow.
-        thr = (thr - thr.abs() * 2.0 ** -7 - 1e-30).to(torch.bfloat16)
-        cand = zb >= thr[:, None]
-        r, v = cand.nonzero(as_tuple=True)
-        if len(r) > MAX_CANDIDATES * len(rows):
+        found = _candidates(zb, slack * rows.norm(dim=1), MAX_CANDIDATES * len(rows))
+        if found is None:
             out.append(t2d[(rows @ w.T).argmax(-1)])
             continue
+        r, v = found
         vals = torch.linalg.vecdot(rows[r], w[v])  # the candidates' fp32 logits
         best = torch.full((len(rows),), float("-inf"), device=x.device).scatter_reduce(0, r, vals, "amax")
         hit = vals == best[r]
@@ -66,3 +69,25 @@ def in_draft_mask(x: torch.Tensor, w: torch.Tensor, t2d: torch.Tensor, fast: boo
             first = (rows @ w.T).argmax(-1)
         out.append(t2d[first])
     return torch.cat(out) if out else t2d[:0]
+
+
+def _candidates(zb: torch.Tensor, slack: torch.Tensor, most: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(row, vocab) indices of the entries of zb [n, V] (bf16) within ``slack`` [n] of their row's maximum; None
+    when there are more than ``most`` (module docstring: block maxima first, then the blocks that hold one)."""
+    n, vocab = zb.shape
+    full = vocab - vocab % VOCAB_BLOCK
+    blocks = zb[:, :full].unflatten(1, (-1, VOCAB_BLOCK))  # a view: [n, full / VOCAB_BLOCK, VOCAB_BLOCK]
+    tail = zb[:, full:]
+    maxima = blocks.amax(-1)
+    top = torch.cat([maxima, tail], 1).amax(-1).float()
+    thr = top - slack
+    # Compared in bf16 (no fp32 copy of the logits): the threshold moved down by more than bf16's rounding
+    # of it (2^-9 relative) and a subnormal's step, so the candidates only grow.
+    thr = (thr - thr.abs() * 2.0 ** -7 - 1e-30).to(torch.bfloat16)
+    br, bb = (maxima >= thr[:, None]).nonzero(as_tuple=True)
+    if len(br) > most:  # every such block holds at least one candidate
+        return None
+    cr, cc = (blocks[br, bb] >= thr[br, None]).nonzero(as_tuple=True)
+    tr, tc = (tail >= thr[:, None]).nonzero(as_tuple=True)
+    r, v = torch.cat([br[cr], tr]), torch.cat([bb[cr] * VOCAB_BLOCK + cc, tc + full])
+    return None if len(r) > most else (r, v)

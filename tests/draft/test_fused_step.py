@@ -127,6 +127,22 @@ def test_in_draft_mask_near_tie_below_bf16_resolution():
     assert argmax.in_draft_mask(x, w, t2d, fast=True).tolist() == [False, False]
 
 
+@pytest.mark.parametrize("top, second", [(290, 5), (5, 290), (130, 131), (299, 256)])
+def test_in_draft_mask_finds_the_maximum_in_a_block_or_the_tail(top, second):
+    # V = 300: two blocks of VOCAB_BLOCK = 128 entries and a tail of 44. The runner-up is within bf16's
+    # error of the maximum, so both are candidates, wherever they sit; only the fp32 maximum is in the draft.
+    assert argmax.VOCAB_BLOCK == 128
+    h, v = 32, 300
+    x = torch.ones(3, h) / h ** 0.5
+    w = torch.randn(v, h) * 0.01
+    w[top] = x[0] * 4 + 1e-4 * x[0]
+    w[second] = x[0] * 4 - 1e-4 * x[0]
+    t2d = torch.zeros(v, dtype=torch.bool)
+    t2d[top] = True
+    assert argmax.in_draft_mask(x, w, t2d, fast=True).tolist() == [True] * 3
+    assert argmax.in_draft_mask(x, w, ~t2d, fast=True).tolist() == [False] * 3
+
+
 def test_in_draft_mask_falls_back_when_the_bound_is_loose(monkeypatch):
     torch.manual_seed(0)
     w, x = torch.randn(400, 16), torch.randn(50, 16)
