@@ -17,6 +17,11 @@ Counted FLOPs per token (2*m*n*k per matmul, backward = 2x forward, so train = 3
   per TTT step: q/k/v (2H in), o, MLP gate/up/down, draft lm_head (H x Vd); fc (3H -> H) at step 0 only;
   once: target lm_head (H x V, forward only, no grad).
 Attention score/value products (O(T^2)) are NOT counted, so the fraction is a lower bound.
+Beside each run: the same counted matmuls timed alone at the step's shapes (M = the micro-batch's tokens; forward,
+input gradient and weight gradient, in the run's dtype): the ceiling of that fraction on this machine, since the
+step runs these products and more. Where it is under the goal, no work outside the matmuls reaches the goal. It is
+given by CPU time (the fractions' basis) and by wall time x threads: they differ where the GEMM library runs a
+product on fewer threads than it was given (oneDNN 3.12 on a 2-core AMX machine: many of the draft's bf16 products).
 
 --online adds, for each precision, the whole online step (eagle3.train.online) side by side with the
 offline one: the target (--model, default the bundled SmolLM2) runs its forward over the micro-batch
@@ -140,12 +145,51 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def flops_per_token(vd: int, ttt_length: int) -> dict[str, float]:
+def products(vd: int) -> dict[str, list[tuple[int, int]]]:
+    """The counted matmuls as (out, in) widths, each once per token: "step" per TTT step (q, k, v, o, gate, up,
+    down, the draft lm_head), "once" at step 0 (fc), "target" forward only (the target lm_head)."""
     hd = H // HEADS
-    step = 2 * (2 * H) * (HEADS * hd) + 2 * 2 * (2 * H) * (KV * hd) + 2 * (HEADS * hd) * H  # q, k+v, o
-    step += 3 * 2 * H * I + 2 * H * vd  # MLP, draft lm_head
-    draft_fwd = ttt_length * step + 2 * (3 * H) * H  # + fc at step 0
-    return {"draft_train": 3 * draft_fwd, "target_head": 2 * H * V}
+    return {"step": [(HEADS * hd, 2 * H), (KV * hd, 2 * H), (KV * hd, 2 * H), (H, HEADS * hd), (I, H), (I, H),
+                     (H, I), (vd, H)],
+            "once": [(H, 3 * H)], "target": [(V, H)]}
+
+
+def flops_per_token(vd: int, ttt_length: int) -> dict[str, float]:
+    p = products(vd)
+
+    def forward(ps: list[tuple[int, int]]) -> int:
+        return sum(2 * o * i for o, i in ps)
+
+    return {"draft_train": 3 * (ttt_length * forward(p["step"]) + forward(p["once"])),
+            "target_head": forward(p["target"])}
+
+
+def gemm_ceiling(precision: str, vd: int, ttt_length: int, tokens: int, dev: str,
+                 repeat: int = 5) -> tuple[float, float]:
+    """(counted GFLOP per CPU second, per wall second x threads) of the step's counted matmuls alone (on a GPU
+    both are per wall second): every product of `products` timed by itself, with M = ``tokens`` rows, as the
+    forward, the input gradient and the weight gradient (the target head: forward only), in the precision's
+    dtype. The two differ where a GEMM library runs a product on fewer threads than it has: its CPU time is
+    then efficient while the other cores idle. No step of this shape does better here: it runs the same
+    products and more."""
+    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    p = products(vd)
+    times: dict[tuple[int, int, bool], int] = {}
+    for ps, n, train in ((p["step"], ttt_length, True), (p["once"], 1, True), (p["target"], 1, False)):
+        for o, i in ps:
+            times[o, i, train] = times.get((o, i, train), 0) + n
+    flops = cpu_s = wall_s = 0.0
+    cores = torch.get_num_threads() if dev == "cpu" else 1
+    for (o, i, train), n in times.items():
+        x = torch.randn(tokens, i, dtype=dtype, device=dev)
+        w = torch.randn(o, i, dtype=dtype, device=dev)
+        dy = torch.randn(tokens, o, dtype=dtype, device=dev)
+        for fn in [lambda: x @ w.T] + ([lambda: dy @ w, lambda: dy.T @ x] if train else []):
+            wall, cpu = timed(fn, dev, repeat)
+            cpu_s += n * (cpu if dev == "cpu" else wall)
+            wall_s += n * wall * cores
+            flops += n * 2 * tokens * o * i
+    return flops / cpu_s / 1e9, flops / wall_s / 1e9
 
 
 def build(vd: int, dev: str):
@@ -515,6 +559,14 @@ def main() -> None:
         r["draft_only_fraction_of_best_peak"] = round(r["draft_gflops_cpu"] / rate(best), 3) if on_cpu else None
         for k in ("counted_gflops_wall", "counted_gflops_cpu", "draft_gflops_cpu"):
             r[k] = round(r[k], 1)
+    ceilings = {}  # (precision, tokens): the step's matmuls alone (gemm_ceiling); not on a slow path (minutes)
+    for r in runs:
+        key = (r["precision"], r["rows"] * r["seq_len"])
+        if not r["reduced_shape"] and key not in ceilings:
+            ceilings[key] = gemm_ceiling(*key[:1], args.vd, args.ttt_length, key[1], dev)
+        ceiling = ceilings.get(key)
+        r["gemm_ceiling_fraction_of_best_peak"] = None if ceiling is None else round(ceiling[0] / rate(best), 3)
+        r["gemm_ceiling_wall_fraction_of_best_peak"] = None if ceiling is None else round(ceiling[1] / rate(best), 3)
     peers = {}
     if peer_runs:
         import peer_bench
@@ -553,6 +605,12 @@ def main() -> None:
               f"{r['counted_gflops_cpu' if on_cpu else 'counted_gflops_wall']:.1f} GFLOP/s = "
               f"{100 * r['fraction_of_best_peak']:.0f}% of the best peak ({best.dtype}), "
               f"{100 * r['fraction_of_own_peak']:.0f}% of its own dtype's (goal >= 50% of the best)")
+        if r["gemm_ceiling_fraction_of_best_peak"] is not None:
+            wall = f", {100 * r['gemm_ceiling_wall_fraction_of_best_peak']:.0f}% by wall time x threads" \
+                if on_cpu else ""
+            print(f"  {'':7s} {r['precision']:8s} its counted matmuls alone, at the same shapes: "
+                  f"{100 * r['gemm_ceiling_fraction_of_best_peak']:.0f}% of the best peak{wall} (no step of this "
+                  f"shape does better here)")
     for p in precisions:
         pair = {r["loss_blocks"]: r for r in runs if r["precision"] == p and "loss_blocks" in r}
         if {"device", "cpu"} <= set(pair):
