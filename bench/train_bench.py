@@ -563,7 +563,7 @@ def main() -> None:
     for r in runs:
         key = (r["precision"], r["rows"] * r["seq_len"])
         if not r["reduced_shape"] and key not in ceilings:
-            ceilings[key] = gemm_ceiling(*key[:1], args.vd, args.ttt_length, key[1], dev)
+            ceilings[key] = gemm_ceiling(key[0], args.vd, args.ttt_length, key[1], dev)
         ceiling = ceilings.get(key)
         r["gemm_ceiling_fraction_of_best_peak"] = None if ceiling is None else round(ceiling[0] / rate(best), 3)
         r["gemm_ceiling_wall_fraction_of_best_peak"] = None if ceiling is None else round(ceiling[1] / rate(best), 3)
