@@ -205,7 +205,7 @@ def _num(v, digits: int) -> str:
 
 def summarize(run_dir: Path) -> None:
     from eagle3.layout import RunLayout
-    from eagle3.report.summary import headline_rows, lossless_text, tie_flips
+    from eagle3.report.summary import headline_rows, lossless_text, tie_flips, vocab_reach_text
 
     run = {k: Path(v) for k, v in RunLayout(str(run_dir.parents[2]), DAG_ID, run_dir.name).paths().items()}
     table = run["stats"] / "stats_table.txt"
@@ -229,6 +229,8 @@ def summarize(run_dir: Path) -> None:
                   + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "") + f"; acceptance by position {rates}; "
                   f"{_num(row['tokens_per_s_spec'], 1)} vs {_num(row['tokens_per_s_base'], 1)} tok/s = "
                   f"{_num(row['speedup'], 2)}x; lossless: {row['lossless_text']}")
+        if reach := vocab_reach_text(r):
+            print(reach)
         sim = r.get("sim_accept_len_k")
         if sim:
             print(f"trainer's offline estimate on its held-out split: tau {sim:.3f}")

@@ -69,6 +69,19 @@ def ordered_sets(report: dict) -> list[tuple[str, dict]]:
     return [(n, sets[n]) for n in order + sorted(set(sets) - set(order))]
 
 
+def vocab_reach(answers: Iterable[Iterable[int]], draft_vocab: set[int] | frozenset[int]) -> dict:
+    """How much of the target's answers the draft vocab can propose: ``tokens`` (answer tokens in all),
+    ``outside`` (those not in ``draft_vocab``, the target ids of the draft's Vd tokens) and ``share_outside``.
+    A token outside the draft vocab rejects every chain that reaches it, so it caps τ whatever the draft learnt."""
+    tokens = outside = 0
+    for answer in answers:
+        for t in answer:
+            tokens += 1
+            outside += int(t) not in draft_vocab
+    return {"tokens": tokens, "outside": outside, "share_outside": outside / tokens if tokens else 0.0,
+            "draft_vocab_size": len(draft_vocab)}
+
+
 # -- per-prompt counts, intervals, and agreement between two decoders -----------------------------------------
 # One record per prompt: {"verifications", "emitted", "reached": [r_1..r_k], "accepted": [a_1..a_k]}. Any engine's
 # figures reduce to it (the project decoder from its trace, vLLM from its per-request counter deltas), so τ and the

@@ -370,6 +370,19 @@ def draft_is_parallel(draft_dir: str) -> bool:
     return storage.exists(config) and exported_parallel(storage.read_json(config), config)
 
 
+def exported_vocab(draft_dir: str) -> frozenset[int]:
+    """The target ids an exported draft can propose: i + d2t[i] for its Vd tokens, as vLLM and SGLang map them;
+    every id of a full-vocab export (no d2t)."""
+    from safetensors import safe_open
+
+    c = storage.read_json(storage.join(draft_dir, "config.json"))
+    with safe_open(storage.local_path(storage.join(draft_dir, "model.safetensors")), "numpy") as f:
+        if "d2t" not in f.keys():
+            return frozenset(range(int(c["vocab_size"])))
+        d2t = f.get_tensor("d2t")
+    return frozenset((d2t + range(len(d2t))).tolist())
+
+
 def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
     """An Eagle3Draft (fp32) from an export's two files plus the target's embedding."""
     import torch

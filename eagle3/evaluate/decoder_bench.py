@@ -89,9 +89,9 @@ def proposed_by(steps: list) -> dict:
             "draft": {"proposed": drafted - looked, "accepted": accepted - looked_ok}}
 
 
-def _set_summary(rows: list[dict], steps: list, k: int, precision: str) -> dict:
-    """τ, acceptance by position, both throughputs (timed in the same run) and the lossless verdict of one
-    prompt set."""
+def _set_summary(rows: list[dict], steps: list, k: int, precision: str, reach: dict) -> dict:
+    """τ, acceptance by position, both throughputs (timed in the same run), the lossless verdict and ``reach``
+    (`metrics.vocab_reach` of the baseline answers) of one prompt set."""
     from eagle3.evaluate.lossless import verdict
 
     base_s, spec_s = sum(r["seconds_base"] for r in rows), sum(r["seconds_spec"] for r in rows)
@@ -108,6 +108,7 @@ def _set_summary(rows: list[dict], steps: list, k: int, precision: str) -> dict:
         "lossless_prompts": sum(r["lossless"] for r in rows),
         "lossless_verdict": verdict(rows, precision),
         "proposed_by": proposed_by(steps),
+        "vocab_reach": reach,
     }
 
 
@@ -135,6 +136,8 @@ def measure(cfg: EvaluateConfig) -> dict[str, Any]:
     eos = eos_token_ids(model, tokenizer)
     encoded = {name: [encode_prompt(tokenizer, p) for p in ps] for name, ps in prompt_sets.items()}
     lookup = cfg.proposer == "lookup+draft"
+    vd = draft.draft.d2t.shape[0]
+    draft_vocab = frozenset(draft.draft.draft_to_target(torch.arange(vd, device=draft.device)).tolist())
     if cfg.warmup:
         first = next(iter(encoded.values()))[0]
         greedy_generate(target, first, 4, eos)
@@ -145,15 +148,17 @@ def measure(cfg: EvaluateConfig) -> dict[str, Any]:
     sets: dict[str, dict] = {}
     rows: list[dict] = []
     for name, prompts in prompt_sets.items():
-        set_rows, steps = [], []
+        set_rows, steps, answers = [], [], []
         for prompt, ids in zip(prompts, encoded[name]):
             base = greedy_generate(target, ids, cfg.max_new_tokens, eos)
             spec = speculative_generate(target, draft, ids, cfg.max_new_tokens, eos, cfg.steps, lookup)
             set_rows.append(_prompt_row(name, prompt, ids, base, spec, cfg.steps, tokenizer, precision.name,
                                         rescore))
             steps += spec.steps
+            answers.append(base.tokens)
             progress.update(samples=1, tokens=len(spec.tokens))
-        sets[name] = _set_summary(set_rows, steps, cfg.steps, precision.name)
+        sets[name] = _set_summary(set_rows, steps, cfg.steps, precision.name,
+                                  metrics.vocab_reach(answers, draft_vocab))
         rows += set_rows
         log.info("evaluate[%s]: tau %.3f, accept rates %s, x%.2f", name, sets[name]["acceptance_length"],
                  sets[name]["accept_rate_by_position"], sets[name]["speedup"])

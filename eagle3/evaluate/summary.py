@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from eagle3.evaluate.config import EvaluateConfig
+from eagle3.report.summary import vocab_reach_text
 
 
 def say(cfg: EvaluateConfig, summary: dict) -> str:
@@ -13,6 +14,8 @@ def say(cfg: EvaluateConfig, summary: dict) -> str:
         by = summary["proposed_by"]
         lines.append(f"proposer {summary['proposer']}: " + ", ".join(
             f"{name} {n['accepted']}/{n['proposed']} accepted" for name, n in by.items()))
+    if reach := vocab_reach_text(summary):
+        lines.append(reach)
     for name in cfg.compare_with:
         e, a = summary["engines"][name], summary["agreement"][name]
         lines.append(f"{name}: tau {e['tau']:.3f} {e['tau_interval']}, speedup x{e['speedup']:.2f}, "

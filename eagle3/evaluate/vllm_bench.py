@@ -174,7 +174,12 @@ class VLLMBenchmark:
             lossless.judge(row, prompt_ids, b["token_ids"], s["token_ids"], precision.name, rescore)
             row["first_difference"] = (row.get("mismatch") or {}).get("position")
             rows.append(row)
-        by_set = {name: _set_summary([r for r in rows if r["set"] == name], cfg.steps, precision.name)
+        from eagle3.export import exported_vocab
+
+        draft_vocab = exported_vocab(storage.local_dir(cfg.draft))
+        answers = {name: [b["token_ids"] for (n, _), b in zip(names, base["requests"]) if n == name] for name in sets}
+        by_set = {name: _set_summary([r for r in rows if r["set"] == name], cfg.steps, precision.name,
+                                     acceptance.vocab_reach(answers[name], draft_vocab))
                   for name in sets}
         primary = next(iter(by_set))
         return {
@@ -190,7 +195,7 @@ class VLLMBenchmark:
         }
 
 
-def _set_summary(rows: list[dict], k: int, precision: str) -> dict:
+def _set_summary(rows: list[dict], k: int, precision: str, reach: dict) -> dict:
     counts = [r["counts"] for r in rows]
     base_s, spec_s = sum(r["seconds_base"] for r in rows), sum(r["seconds_spec"] for r in rows)
     tps_base = sum(r["base_tokens"] for r in rows) / base_s if base_s > 0 else 0.0
@@ -201,7 +206,7 @@ def _set_summary(rows: list[dict], k: int, precision: str) -> dict:
             "generated_tokens": sum(r["new_tokens"] for r in rows),
             "verifications": sum(c["verifications"] for c in counts),
             "lossless_prompts": sum(r["lossless"] for r in rows),
-            "lossless_verdict": lossless.verdict(rows, precision)}
+            "lossless_verdict": lossless.verdict(rows, precision), "vocab_reach": reach}
 
 
 def measure(cfg: EvaluateConfig) -> dict:

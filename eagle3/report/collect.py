@@ -203,7 +203,7 @@ def read_training(checkpoint: str | None) -> dict | None:
 def acceptance(ev: dict | None, publish: dict | None = None, training: dict | None = None) -> dict | None:
     """τ, rates, tok/s and the lossless verdict of every engine and prompt set (eagle3.report.summary labels
     them), the offline estimate, the publish decision and the previous best draft."""
-    from eagle3.report.summary import headline_rows, lossless_text, tie_flips
+    from eagle3.report.summary import headline_rows, lossless_text, tie_flips, vocab_reach_text
 
     if not isinstance(ev, dict):
         return None
@@ -220,6 +220,7 @@ def acceptance(ev: dict | None, publish: dict | None = None, training: dict | No
         "accept_rate_by_position": ev.get("accept_rate_by_position"), "backend": ev.get("backend"),
         "device": ev.get("device"), "precision": precision.get("name") if isinstance(precision, dict) else precision,
         "tie_flips": tie_flips(ev), "agreement": ev.get("agreement") or {},
+        "vocab_reach": vocab_reach_text(ev),
         "previous": previous if isinstance(previous, dict) else None,
         "published": publish.get("published"), "publish_reason": publish.get("reason"),
     }

@@ -7,6 +7,7 @@
 - ``lossless_text(d)``: ``lossless_verdict.text`` when evaluate wrote one ("exact", "exact up to N tie flips
   (bf16)", "FAILED"), else "exact"/"FAILED" from the ``lossless`` bool.
 - ``tie_flips(eval_report)``: every engine's tie flips with their fp32 margins and tolerances.
+- ``vocab_reach_text(eval_report)``: how much of the target's answers, per prompt set, the draft vocab holds.
 - ``run_status(task_states, errors)``: which tasks failed (with their first error lines), which did not run
   because of them, which were skipped.
 - ``fmt(value)`` / ``fmt_metric(key, value)``: the one number formatter of both pages (they differ in layout
@@ -103,6 +104,28 @@ def headline_rows(ev: dict | None) -> list[dict[str, Any]]:
             "speedup": e.get("speedup"), "lossless_text": lossless_text(e), "precision": e.get("precision"),
             "device": None})
     return rows
+
+
+VOCAB_REACH_LOW = 0.10
+"""A prompt set whose target answers fall outside the draft vocab more often than this gets the hint."""
+
+
+def vocab_reach_text(ev: dict | None) -> str | None:
+    """The share of the target's answer tokens, per prompt set, that the draft vocab holds (`vocab_reach` of
+    eagle3.acceptance), with the remedy where a set loses more than VOCAB_REACH_LOW; None for a report without it."""
+    reach = [(name, s["vocab_reach"]) for name, s in ordered_sets(ev or {})
+             if (s.get("vocab_reach") or {}).get("tokens")]
+    if not reach:
+        return None
+    vd = reach[0][1].get("draft_vocab_size")
+    text = f"the draft vocab ({fmt(vd)} tokens) holds the target's answer tokens: " + ", ".join(
+        f"{100 * (1 - r['share_outside']):.1f}% on {name}" for name, r in reach)
+    low = [name for name, r in reach if r["share_outside"] > VOCAB_REACH_LOW]
+    if low:
+        text += (f"; no draft step can propose the rest, so {', '.join(low)} τ stays low whatever the draft learns: "
+                 "a larger draft_vocab_size, or training data like those prompts (the vocab is the training "
+                 "answers' most frequent tokens), lifts that ceiling")
+    return text
 
 
 def tie_flips(ev: dict | None) -> list[dict]:

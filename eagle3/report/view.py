@@ -113,6 +113,8 @@ def acceptance_view(acc: dict) -> dict:
         engine = rows[0]["engine_label"] if rows else acc.get("backend") or "the decoder"
         notes.append(f"{engine} ran on {acc['device']}" + (f" in {acc['precision']}" if acc.get("precision") else ""))
     notes.append(f"the trainer's offline estimate of τ at k (held-out split): {fmt(acc.get('sim_accept_len'))}")
+    if acc.get("vocab_reach"):
+        notes.append(acc["vocab_reach"])
     prev = acc.get("previous")
     if prev:
         notes.append(f"previous best draft: {fmt(prev.get('id') or prev.get('run_id'))}, τ "

@@ -83,3 +83,12 @@ def test_paired_agreement_flags_a_real_shift_and_not_noise():
     report = paired_agreement(base, shifted)
     assert not report["agree"] and report["tau"]["difference"] == pytest.approx(0.15)
     assert report["tau"]["interval"][0] > 0
+
+
+def test_vocab_reach_counts_the_answer_tokens_the_draft_vocab_lacks():
+    from eagle3.acceptance import vocab_reach
+
+    # 7 answer tokens over two answers; 3, 9 and 9 are outside {1, 2, 5}
+    reach = vocab_reach([[1, 3, 2], [9, 5, 9, 1]], frozenset({1, 2, 5}))
+    assert reach == {"tokens": 7, "outside": 3, "share_outside": pytest.approx(3 / 7), "draft_vocab_size": 3}
+    assert vocab_reach([], frozenset({1}))["share_outside"] == 0.0

@@ -70,8 +70,10 @@ def test_the_report_page_and_the_demo_show_both_engines(tmp_path, capsys):
     layout = RunLayout(str(tmp_path), run_demo.DAG_ID, "manual__1")
     eval_dir = Path(layout.folder("eval"))
     eval_dir.mkdir(parents=True)
+    report["vocab_reach"] = {"tokens": 200, "outside": 70, "share_outside": 0.35, "draft_vocab_size": 2048}
     (eval_dir / "report.json").write_text(json.dumps(report))
     run_demo.summarize(Path(layout.dir))
     out = capsys.readouterr().out
+    assert "the draft vocab (2,048 tokens) holds the target's answer tokens: 65.0% on None; no draft step" in out
     assert "project decoder (transformers) on" in out and "[2.00, 2.00]" in out
     assert "vLLM on None (6 prompts): tau 4.000" in out and "DISAGREE beyond the intervals" in out

@@ -10,6 +10,7 @@ from eagle3.cli import main
 from eagle3.errors import GateFailed
 from eagle3.evaluate import EvaluateConfig, evaluate
 from eagle3.evaluate.decoder_bench import offline_sim_accept_len
+from eagle3.evaluate.summary import say
 
 pytestmark = pytest.mark.precision  # the numbers follow the precision policy (make test forces both)
 
@@ -156,3 +157,28 @@ def test_offline_sim_accept_len_takes_the_last_eval_line(tmp_path):
     got = offline_sim_accept_len(str(tmp_path))
     assert got == {"sim_accept_len": 1.5, "step": 2, "acc": [0.5]}
     assert offline_sim_accept_len(str(tmp_path / "missing")) is None
+
+
+def test_the_report_counts_the_answer_tokens_outside_the_draft_vocab(tiny_llama_dir, make_draft, prompts,
+                                                                      tmp_path):
+    from safetensors.numpy import load_file
+
+    from eagle3.target import vocab_size
+
+    v = vocab_size(tiny_llama_dir)
+    draft = make_draft(tiny_llama_dir, tmp_path / "draft", vd=v // 4, aux=[1, 3, 4])
+    cfg = EvaluateConfig(model=tiny_llama_dir, draft=draft, out=str(tmp_path / "eval"), prompts=prompts,
+                         limit=2, max_new_tokens=16, device="cpu", precision="float32")
+    summary = evaluate(cfg)
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    # fp32: the speculative output is the baseline's token for token, so it is the target's answer
+    assert all(p["exact"] for p in report["prompts"])
+    # the oracle is the export's t2d mask, not the d2t map the decoder reads
+    t2d = load_file(str(tmp_path / "draft" / "model.safetensors"))["t2d"]
+    answers = [p["token_ids"] for p in report["prompts"]]
+    outside = sum(not t2d[t] for a in answers for t in a)
+    name = report["primary_set"]
+    reach = report["sets"][name]["vocab_reach"]
+    assert reach["tokens"] == sum(map(len, answers)) == 32 and reach["outside"] == outside > 0
+    assert reach["draft_vocab_size"] == v // 4 and report["vocab_reach"] == reach
+    assert f"answer tokens: {100 * (1 - outside / 32):.1f}% on {name}" in say(cfg, summary)

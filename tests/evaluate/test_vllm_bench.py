@@ -128,6 +128,34 @@ def test_evaluate_on_vllm_reads_tau_from_the_counters_and_stops_both_servers(
     assert not any(alive(p) for p in _pids(fake_vllm)), "a server or its child outlived the stage"
 
 
+def test_vllm_reports_the_baseline_answer_tokens_outside_the_exported_vocab(fake_vllm, tmp_path, tiny_llama_dir,
+                                                                           make_draft, prompts):
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from eagle3.target import vocab_size
+
+    from safetensors.numpy import save_file
+
+    draft = make_draft(tiny_llama_dir, tmp_path / "draft", vd=500)
+    # the fake answers with runs of consecutive ids: a vocab of the odd ids holds about half of each answer
+    tensors = load_file(str(Path(draft) / "model.safetensors"))
+    odd = np.arange(1, 1000, 2)
+    tensors["d2t"] = odd - np.arange(500)
+    tensors["t2d"] = np.zeros(vocab_size(tiny_llama_dir), dtype=bool)
+    tensors["t2d"][odd] = True
+    save_file(tensors, str(Path(draft) / "model.safetensors"))
+    evaluate(_cfg(tmp_path, tiny_llama_dir, draft, prompts))
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    # the fake is lossless (spec output = baseline output); the oracle is the export's t2d mask
+    assert report["lossless"] is True
+    t2d = load_file(str(Path(draft) / "model.safetensors"))["t2d"]
+    answers = [p["token_ids"] for p in report["prompts"]]
+    reach = report["sets"][report["primary_set"]]["vocab_reach"]
+    assert reach["tokens"] == sum(map(len, answers)) > 0
+    assert 0 < reach["outside"] == sum(not t2d[t] for a in answers for t in a) < reach["tokens"]
+
+
 def test_a_lossy_engine_fails_the_gate_naming_the_prompt(fake_vllm, monkeypatch, tmp_path, tiny_llama_dir,
                                                          make_draft, prompts):
     monkeypatch.setenv("FAKE_VLLM_LOSSY", "1")

@@ -43,3 +43,28 @@ def test_report_html_escapes_artifact_text_once_and_never_its_own_markup():
     assert page.count("<div class='scroll'><table>") == page.count("<table>") == 2  # each in its own box
     # the tie flips are listed with their margins, under the acceptance table
     assert "<td>HumanEval/0</td><td>29</td><td>-0.1689</td><td>0.5022</td>" in page
+
+
+def test_vocab_reach_text_names_the_sets_the_draft_vocab_cannot_serve():
+    from eagle3.report.summary import vocab_reach_text
+
+    def reach(outside, tokens=200):
+        return {"tokens": tokens, "outside": outside, "share_outside": outside / tokens, "draft_vocab_size": 2048}
+
+    ev = {"set_order": ["humaneval", "chat"],
+          "sets": {"humaneval": {"vocab_reach": reach(12)}, "chat": {"vocab_reach": reach(70)}}}
+    text = vocab_reach_text(ev)
+    assert text.startswith("the draft vocab (2,048 tokens) holds the target's answer tokens: 94.0% on humaneval, "
+                           "65.0% on chat; no draft step can propose the rest, so chat τ")
+    assert "humaneval τ" not in text and "draft_vocab_size" in text
+    ev["sets"]["chat"]["vocab_reach"] = reach(20)  # 10%: at the line, no hint
+    assert vocab_reach_text(ev).endswith("90.0% on chat")
+    assert vocab_reach_text({"sets": {"chat": {}}}) is None and vocab_reach_text(None) is None
+
+
+def test_the_report_page_shows_how_much_of_each_sets_answers_the_draft_vocab_holds():
+    ev = _eval_report()
+    ev["sets"]["chat"]["vocab_reach"] = {"tokens": 320, "outside": 112, "share_outside": 0.35,
+                                         "draft_vocab_size": 2048}
+    html = render_html({"title": "run", "created_at": "2026-12-05T00:00:00Z", "acceptance": acceptance(ev)}, {})
+    assert "holds the target&#x27;s answer tokens: 65.0% on chat; no draft step" in html
