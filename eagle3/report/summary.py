@@ -122,7 +122,7 @@ def vocab_reach_text(ev: dict | None) -> str | None:
         f"{100 * (1 - r['share_outside']):.1f}% on {name}" for name, r in reach)
     low = [name for name, r in reach if r["share_outside"] > VOCAB_REACH_LOW]
     if low:
-        text += (f"; no draft step can propose the rest, which caps {', '.join(low)} τ: training data like those "
+        text += (f"; no draft step can propose the rest, which caps τ on {' and '.join(low)}: training data like those "
                  "prompts lifts the cap and teaches the draft (the vocab is the training answers' most frequent "
                  "tokens); a larger draft_vocab_size lifts only the cap")
     return text

@@ -55,8 +55,8 @@ def test_vocab_reach_text_names_the_sets_the_draft_vocab_cannot_serve():
           "sets": {"humaneval": {"vocab_reach": reach(12)}, "chat": {"vocab_reach": reach(70)}}}
     text = vocab_reach_text(ev)
     assert text.startswith("the draft vocab (2,048 tokens) holds the target's answer tokens: 94.0% on humaneval, "
-                           "65.0% on chat; no draft step can propose the rest, which caps chat τ")
-    assert "humaneval τ" not in text and "draft_vocab_size" in text
+                           "65.0% on chat; no draft step can propose the rest, which caps τ on chat:")
+    assert "humaneval:" not in text and "draft_vocab_size" in text
     ev["sets"]["chat"]["vocab_reach"] = reach(20)  # 10%: at the line, no hint
     assert vocab_reach_text(ev).endswith("90.0% on chat")
     assert vocab_reach_text({"sets": {"chat": {}}}) is None and vocab_reach_text(None) is None
