@@ -15,7 +15,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH),)
 # a fresh shell with no venv activated.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: venv venv-test vllm airflow-home demo test test-fast airflow bench clean
+.PHONY: venv venv-test vllm airflow-home demo test airflow clean
 
 # Runtime dependencies only (what the demo and the DAG need); rebuilt when a requirements file changes.
 $(BIN)/.installed: requirements.txt pyproject.toml

@@ -42,6 +42,7 @@ def write_samples(folder: Path, n: int, seed: int, vocab: int, max_len: int) -> 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from eagle3 import layout
     from eagle3.datasets.samples import content_id  # the id tokenize and merge give a sample
 
     rng = random.Random(seed)
@@ -56,7 +57,7 @@ def write_samples(folder: Path, n: int, seed: int, vocab: int, max_len: int) -> 
         "id": [r[0] for r in rows],
         "input_ids": pa.array([r[1] for r in rows], pa.list_(pa.int32())),
         "loss_mask": pa.array([r[2] for r in rows], pa.list_(pa.uint8())),
-    }), folder / "train.parquet")
+    }), folder / layout.MERGED_PARQUET)
     return [len(r[1]) for r in rows]
 
 

@@ -38,6 +38,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from bench.stage_process import run_stage  # noqa: E402  (after the path)
+from eagle3 import layout  # noqa: E402
 VARIES = ("draft_variant", "parallel_drafting", "target_engine", "seed")
 OTHER = {"draft_variant": {"eagle3": "eagle3.1", "eagle3.1": "eagle3"}, "parallel_drafting": {False: True, True: False},
          "target_engine": {"transformers": "vllm", "vllm": "transformers", "sglang": "transformers"}}
@@ -129,7 +130,7 @@ def extract_args(inputs: dict, engine: str, work: str) -> list[str]:
 def reusable_report(run: str, prompts: str, limit: int, steps: int, max_new_tokens: int) -> dict | None:
     """The run's own vLLM report when it measured exactly this benchmark."""
     want = {"prompts_source": prompts, "num_prompts": limit, "steps": steps, "max_new_tokens": max_new_tokens}
-    for name in ("vllm_report.json", "report.json"):
+    for name in (layout.engine_report("vllm"), layout.EVAL_REPORT):
         path = os.path.join(run_layout(run).folder("eval"), name)
         if not os.path.exists(path):
             continue
@@ -198,7 +199,7 @@ def paired(run: str, vary: str, work: str | None = None, prompts: str = "humanev
         say(f"evaluating {vary}={name} in vLLM")
         seconds[f"evaluate {name}"] = run_stage(["evaluate", "--model", tc["model"], "--draft", d, "--out", out]
                                                 + bench, os.path.join(work, f"evaluate-{name}.log"))
-        reports[name] = json.load(open(os.path.join(out, "report.json")))
+        reports[name] = json.load(open(os.path.join(out, layout.EVAL_REPORT)))
     result = {"run": run, "vary": vary, "engines": inputs["engines"], "base": mine, "changed": other,
               "steps": inputs["steps"], "warmup": inputs["warmup"], "benchmark": {"prompts": prompts, "limit": limit, "steps": steps,
                                                          "max_new_tokens": max_new_tokens, "engine": "vllm"},

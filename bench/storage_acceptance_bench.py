@@ -25,6 +25,7 @@ import os
 
 from stage_process import run_stage  # bench/ is on sys.path when this script runs
 
+from eagle3 import layout
 from eagle3.extract.store_format import STORE_JSON, read_indexes, resolve_store_dir
 
 
@@ -75,7 +76,7 @@ def main() -> None:
                                  str(args.max_new_tokens), "--steps", str(args.steps), "--checkpoint",
                                  os.path.join(work, "ckpt"), "--out", os.path.join(work, "eval")],
                                 os.path.join(work, "evaluate.log"))
-        report = json.load(open(os.path.join(work, "eval", "report.json")))
+        report = json.load(open(os.path.join(work, "eval", layout.EVAL_REPORT)))
         info = json.load(open(os.path.join(store, STORE_JSON)))
         row = {"storage_option": storage_option, "bytes_per_token": bytes_per_token(store),
                "hidden_size": info.get("hidden_size"),

@@ -59,7 +59,7 @@ from operators.stage import (Eagle3StageOperator, ExtractOperator, PublishOperat
 DAG_ID = "eagle3_train"
 # The manifest whose dataset sources are the DAG's Assets (read at parse time; YAML only): the demo corpus
 # that `make airflow` and `make demo` write under the default storage root.
-DEFAULT_MANIFEST = os.environ.get("EAGLE3_MANIFEST", demo.manifest_path(layout.default_root()))
+DEFAULT_MANIFEST = os.environ.get(demo.MANIFEST_ENV, demo.manifest_path(layout.default_root()))
 TRAIN_GPUS = int(os.environ.get("EAGLE3_TRAIN_GPUS", "1"))  # pool_slots of train; ≤ pool size
 # GPUs the target's forward needs: online training runs it inside the train task, so train holds that many too
 TARGET_GPUS = int(os.environ.get("EAGLE3_TARGET_GPUS", "1"))
@@ -343,7 +343,7 @@ def eagle3_train():
                 "precision": "{{ params.precision }}"})
     publish = PublishOperator(
         task_id="publish", outlets=[DRAFT_MODEL], **common,
-        config={"report": layout.join(RUN.folder("eval"), "report.json"), "draft": RUN.folder("draft"),
+        config={"report": layout.join(RUN.folder("eval"), layout.EVAL_REPORT), "draft": RUN.folder("draft"),
                 "registry": layout.registry(ROOT), "run_id": "{{ run_id }}"})
     # The report runs whatever happened upstream (all_done); outcome then fails the run if any task failed.
     report = ReportOperator(

@@ -23,6 +23,7 @@ if str(REPO) not in sys.path:  # `python demo/run_demo.py` from a fresh shell, a
 
 from bench.paired_bench import VARIES, paired  # noqa: E402
 from eagle3.demo import settings  # noqa: E402 (after the path)
+from eagle3.layout import ROOT_ENV  # noqa: E402
 
 DAG_ID = "eagle3_train"
 SHOWN = ("[DAG TEST] running task", "ETA", "done in", "Marking task as", "ERROR", "Traceback", "error:", "τ",
@@ -64,7 +65,7 @@ def write_corpus(artifacts: Path, scale: float, env: dict, more: dict[str, float
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--artifacts", default=os.environ.get("EAGLE3_ARTIFACTS") or str(REPO / "artifacts"))
+    ap.add_argument("--artifacts", default=os.environ.get(ROOT_ENV) or str(REPO / "artifacts"))
     ap.add_argument("--scale", type=float, default=settings.SCALE, help="demo corpus size multiplier")
     ap.add_argument("--conf", default="{}", help="JSON overriding the DAG Params' defaults (the demo settings)")
     ap.add_argument("--model", default=settings.PARAMS["model"],
@@ -89,9 +90,9 @@ def main() -> int:
         ap.error(f"--compare {','.join(wrong)}: choose from {', '.join(VARIES)}")
 
     artifacts = Path(args.artifacts).resolve()
-    env = {**os.environ, "EAGLE3_ARTIFACTS": str(artifacts),
+    env = {**os.environ, ROOT_ENV: str(artifacts),
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-           "EAGLE3_MANIFEST": settings.manifest_path(str(artifacts)), "EAGLE3_RETRY_DELAY_S": "5",
+           settings.MANIFEST_ENV: settings.manifest_path(str(artifacts)), "EAGLE3_RETRY_DELAY_S": "5",
            "EAGLE3_OOM_RETRY_DELAY_S": "2"}
     more, why = more_data(args.more_data)
     print("demo corpus: " + (", ".join(f"{k} x{v:g}" for k, v in more.items()) or "plain") + f": {why}",
@@ -204,19 +205,19 @@ def _num(v, digits: int) -> str:
 
 
 def summarize(run_dir: Path) -> None:
-    from eagle3.layout import RunLayout
+    from eagle3.layout import EVAL_REPORT, VERIFY_RESULT, RunLayout
     from eagle3.report.summary import headline_rows, lossless_text, tie_flips, vocab_reach_text
 
     run = {k: Path(v) for k, v in RunLayout(str(run_dir.parents[2]), DAG_ID, run_dir.name).paths().items()}
     table = run["stats"] / "stats_table.txt"
     if table.exists():
         print("\n--- dataset statistics ---\n" + table.read_text())
-    verify = run["merged"] / "verify.json"
+    verify = run["merged"] / VERIFY_RESULT
     if verify.exists():
         v = json.loads(verify.read_text())
         print(f"--- verify gate: {'PASSED' if v['passed'] else 'FAILED'} "
               f"({sum(c['passed'] for c in v['checks'])}/{len(v['checks'])} checks) ---")
-    report = run["eval"] / "report.json"
+    report = run["eval"] / EVAL_REPORT
     if report.exists():
         r = json.loads(report.read_text())
         rows = headline_rows(r)

@@ -32,6 +32,8 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 DEFAULT_SEED = 42
+DEFAULT_MAX_SEQ_LEN = 8192
+"""Tokens a sample is cut to (merge) and the cap the stats count against, unless a run sets max_seq_len."""
 """The seed every seeded stage (regenerate, merge, train) starts from unless told otherwise."""
 
 
@@ -276,9 +278,16 @@ def config_from_args(cls: type[T], args: argparse.Namespace, base: dict[str, Any
         from eagle3 import storage
 
         try:
-            data = storage.read_json(path)
-        except (OSError, ValueError) as e:
-            raise InputError(f"--config {path}: not a readable JSON file ({e})", file=path) from e
+            raw = storage.read_bytes(path)
+        except OSError as e:
+            raise InputError(f"--config: not a readable file ({e.strerror or e})", file=path) from None
+        try:
+            data = json.loads(raw)
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise InputError(f"--config: not valid JSON ({e})", file=path) from None
+        if not isinstance(data, dict):
+            raise InputError(f"--config holds a JSON {type(data).__name__}; it must be one object whose keys "
+                             f"are {cls.__name__} fields (the flags' names with _, see --help)", file=path)
     names = {f.name for f in dataclasses.fields(cls)}
     data = renamed_keys(data, names, f"--config {path}")
     data.update(base or {})

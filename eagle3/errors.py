@@ -31,6 +31,11 @@ class InputError(Eagle3Error):
         self.line = line
 
 
+class DamagedFile(InputError, ValueError):
+    """An artifact that does not parse (truncated, damaged or not what its name says). Still a ValueError, so a
+    caller that treats an unreadable file as absent (a cache marker) can."""
+
+
 class GateFailed(Eagle3Error):
     """A verification gate refused its input (e.g. speculative output != greedy output). Retrying cannot fix it."""
 

@@ -232,6 +232,10 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
     if draft_cfg.variant != "eagle3":
         log.warning("%s is an %s draft: vLLM (>= 0.32) serves it; SGLang's LlamaForCausalLMEagle3 ignores fc_norm "
                     "and norm_output and would run it as plain EAGLE-3 (docs/draft.md)", step_dir, draft_cfg.variant)
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    if bad:
+        raise InputError(f"{step_dir}: NaN or inf in {', '.join(sorted(bad))} (the training diverged before this "
+                         "step was saved): export an earlier step (--step N) or train again with a lower lr")
     full_vocab = "d2t" not in tensors
     if full_vocab and draft_cfg.draft_vocab_size != draft_cfg.vocab_size:
         raise InputError(f"{step_dir}: d2t covers the whole vocabulary but the draft config says draft_vocab_size "

@@ -43,6 +43,28 @@ RUN_SUMMARY_SCHEMA = "eagle3-run-summary/1"
               error lines), not_run, skipped, counts
 """
 
+# The files the stage folders above hold, named once for the stages that write them and everything that reads them.
+PREPARED_PARQUET = "tokenized.parquet"
+"""prepared/<dataset>/: the tokenized samples (tokenize)."""
+PREPARED_STATS = "stats.json"
+"""prepared/<dataset>/: counts, fingerprint inputs and the Parquet's sha256 (tokenize; merge checks it)."""
+MERGED_PARQUET = "train.parquet"
+"""merged/: the shuffled training samples (merge)."""
+MERGED_MANIFEST = "manifest.json"
+"""merged/: the merge's commit marker, with the Parquet's sha256 (merge; vocab, verify and extract check it)."""
+VERIFY_RESULT = "verify.json"
+"""merged/: the verify gate's checks (verify)."""
+EVAL_REPORT = "report.json"
+"""eval/: the headline engine's report (evaluate; publish, the run report and the UI read it)."""
+RUN_REPORT = "report.json"
+"""report/: the run report's figures (the report stage; the UI plugin reads them)."""
+
+
+def engine_report(backend: str) -> str:
+    """eval/: the report of an engine that evaluate compared with the headline one."""
+    return f"{backend}_{EVAL_REPORT}"
+
+
 # Airflow run ids are [A-Za-z0-9_.:+-]-ish; refusing "/" and ".." keeps a URL from leaving the runs folder.
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.:+~@-]+$")
 

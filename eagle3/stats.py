@@ -21,8 +21,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3 import storage, storage_options
-from eagle3.config import renamed_fields
+from eagle3 import layout, storage, storage_options
+from eagle3.config import DEFAULT_MAX_SEQ_LEN, renamed_fields
 from eagle3.errors import InputError
 from eagle3.progress import fmt_duration
 
@@ -39,7 +39,7 @@ class StatsConfig:
     """Prepared folder PREP written by `eagle3 tokenize` (local or s3://)."""
     out: str | None = None
     """Also write stats_table.json/.txt here (the run's stats folder)."""
-    max_seq_len: int = 8192
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN
     """Samples at or above this many tokens count as at the cap; costs count tokens up to it."""
     model: str | None = None
     """Target whose hidden size prices the extraction (its config.json only is read)."""
@@ -90,13 +90,14 @@ def compute_stats(cfg: StatsConfig, write: bool = True) -> dict[str, Any]:
 
     prepared, max_seq_len, hidden_size = cfg.prepared, cfg.max_seq_len, cfg.resolved_hidden_size()
     tokens_per_s, flag_ratio, flag_min_token_share = cfg.tokens_per_s, cfg.flag_ratio, cfg.flag_min_token_share
+    from eagle3.tokenize.stage import check_tokenized
+
     rows = []
     for name in _dataset_names(prepared):
         folder = storage.join(prepared, name)
-        n = pq.read_table(storage.local_path(storage.join(folder, "tokenized.parquet")),
-                          columns=["num_tokens", "num_loss_tokens"]).to_pandas()
-        meta = storage.read_json(storage.join(folder, "stats.json")) if storage.exists(
-            storage.join(folder, "stats.json")) else {}
+        meta = storage.read_json(storage.join(folder, layout.PREPARED_STATS)) if storage.exists(
+            storage.join(folder, layout.PREPARED_STATS)) else {}
+        n = pq.read_table(check_tokenized(folder, meta), columns=["num_tokens", "num_loss_tokens"]).to_pandas()
         tokens = n["num_tokens"].astype("int64")
         rows.append({
             "dataset": name, "category": meta.get("category"), "samples": len(n),

@@ -164,7 +164,16 @@ def read_text(uri: str | os.PathLike) -> str:
 
 
 def read_json(uri: str | os.PathLike) -> Any:
-    return json.loads(read_bytes(uri))
+    """The parsed JSON at ``uri``; a DamagedFile naming it when it does not parse (a FileNotFoundError when
+    it is missing)."""
+    data = read_bytes(uri)
+    try:
+        return json.loads(data)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        from eagle3.errors import DamagedFile
+
+        raise DamagedFile(f"not valid JSON ({e}): the file is truncated or damaged; re-run the stage that wrote "
+                          "it (or restore the file)", file=str(uri)) from None
 
 
 TMP_SUFFIX = ".tmp"

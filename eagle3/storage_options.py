@@ -78,14 +78,14 @@ _FP8_AUX = (Tensor("aux", "float8_e4m3fn", per_h=NUM_AUX), Tensor("aux_scale", "
 OPTIONS: dict[str, StorageOption] = {
     "bf16": StorageOption("bf16", "last", (Tensor("aux", "bfloat16", per_h=NUM_AUX),
                                            Tensor("last", "bfloat16", per_h=1)),
-                          "bf16 aux + last, 8H bytes/token (baseline)"),
+                          "bf16 aux + last, 8H feature bytes/token (baseline; +5 for id and mask)"),
     "fp8": StorageOption("fp8", "last", _FP8_AUX + (Tensor("last", "float8_e4m3fn", per_h=1),
                                                     Tensor("last_scale", "bfloat16", extra=1)),
-                         "fp8 aux + last with per-row scales, 4H+8 bytes/token"),
+                         "fp8 aux + last with per-row scales, 4H+8 feature bytes/token"),
     "fp8-topk": StorageOption("fp8-topk", "topk", _FP8_AUX + (Tensor("topk_ids", "int32", extra=TOPK),
                                                               Tensor("topk_logprobs", "float16", extra=TOPK)),
                               f"fp8 aux + the target's top-{TOPK} log-probs instead of last, "
-                              f"3H+{6 + 6 * TOPK} bytes/token"),
+                              f"3H+{6 + 6 * TOPK} feature bytes/token"),
 }
 DEFAULT = "bf16"
 

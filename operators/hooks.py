@@ -83,7 +83,9 @@ class OpenAIEndpointHook(BaseHook):
 
     def child_env(self) -> dict[str, str]:
         """EAGLE3_OPENAI_BASE_URL / EAGLE3_OPENAI_API_KEY for the regenerate child (never its command line)."""
-        env = {"EAGLE3_OPENAI_BASE_URL": self.connection.host or ""}
+        from eagle3.regenerate.config import API_KEY_ENV, BASE_URL_ENV
+
+        env = {BASE_URL_ENV: self.connection.host or ""}
         if self.connection.password:
-            env["EAGLE3_OPENAI_API_KEY"] = self.connection.password
+            env[API_KEY_ENV] = self.connection.password
         return env

@@ -4,7 +4,8 @@ Layout (docs/CONTRACTS.md)::
 
     CKPT/step-<n>/model.safetensors      trainable draft weights (fp32) + d2t/t2d
     CKPT/step-<n>/optimizer.safetensors  AdamW moments, "exp_avg.<param>", "exp_avg_sq.<param>", "step.<param>"
-    CKPT/step-<n>/train_state.json       step, data position, token_budget, grad_accum, RNG states, schedule
+    CKPT/step-<n>/train_state.json       step, data position, token_budget, grad_accum, RNG states, schedule,
+                                         "checksums" (the sha256 of the two safetensors, checked on every read)
     CKPT/step-<n>/config.json            the draft config
     CKPT/latest.json                     {"step": n, "dir": "step-<n>"}, written last
 
@@ -73,7 +74,8 @@ def save(out: str, step: int, model: dict, optimizer: dict, state: dict, config:
     with storage.atomic_dir(storage.join(out, name)) as folder:
         save_file({k: v.detach().cpu().contiguous() for k, v in model.items()}, str(folder / MODEL_FILE))
         save_file(optimizer, str(folder / OPTIMIZER_FILE))
-        for fname, obj in ((STATE_FILE, dict(state, step=step)), (CONFIG_FILE, config)):
+        sums = {f: storage.sha256_file(folder / f) for f in (MODEL_FILE, OPTIMIZER_FILE)}
+        for fname, obj in ((STATE_FILE, dict(state, step=step, checksums=sums)), (CONFIG_FILE, config)):
             (folder / fname).write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
     storage.write_json(storage.join(out, LATEST), {"step": step, "dir": name})
     _prune(out, keep)
@@ -139,26 +141,37 @@ def resolve_step(checkpoint: str, step: int | None = None) -> str:
                      f"{', '.join(FILES)}) and is no step folder itself; pass the train stage's out folder")
 
 
-def load_latest(out: str) -> Checkpoint | None:
-    """The checkpoint to resume from (see :func:`latest_step_dir`), or None when there is none yet."""
+def _tensors(step_dir: str, name: str, state: dict | None) -> dict:
+    """One safetensors file of a step folder, checked against the sha256 its train_state.json records (a
+    checkpoint written before checksums were recorded is read unchecked, but a file that does not parse is
+    still named)."""
     from safetensors.torch import load_file
 
+    from eagle3.errors import DamagedFile
+
+    uri = storage.join(step_dir, name)
+    hint = ("export an earlier step (--step N), or move this step folder aside so that a resume starts from "
+            "the one before it")
+    local = storage.check_sha256(uri, ((state or {}).get("checksums") or {}).get(name), hint, STATE_FILE)
+    try:
+        return load_file(local)
+    except Exception as e:  # safetensors' errors (a cut or damaged header) share no base class but Exception
+        raise DamagedFile(f"not a readable safetensors file ({e}); {hint}", file=uri) from None
+
+
+def load_latest(out: str) -> Checkpoint | None:
+    """The checkpoint to resume from (see :func:`latest_step_dir`), or None when there is none yet."""
     d = latest_step_dir(out)
     if d is None:
         return None
-    return Checkpoint(
-        step=int(storage.read_json(storage.join(d, STATE_FILE))["step"]),
-        uri=d,
-        model=load_file(storage.local_path(storage.join(d, MODEL_FILE))),
-        optimizer=load_file(storage.local_path(storage.join(d, OPTIMIZER_FILE))),
-        state=storage.read_json(storage.join(d, STATE_FILE)),
-        config=storage.read_json(storage.join(d, CONFIG_FILE)),
-    )
+    state = storage.read_json(storage.join(d, STATE_FILE))
+    return Checkpoint(step=int(state["step"]), uri=d, model=_tensors(d, MODEL_FILE, state),
+                      optimizer=_tensors(d, OPTIMIZER_FILE, state), state=state,
+                      config=storage.read_json(storage.join(d, CONFIG_FILE)))
 
 
 def read_step(step_dir: str) -> tuple[dict, dict]:
     """(config.json, {name: tensor}) of one step folder: what export and evaluate need."""
-    from safetensors.torch import load_file
-
-    return (storage.read_json(storage.join(step_dir, CONFIG_FILE)),
-            load_file(storage.local_path(storage.join(step_dir, MODEL_FILE))))
+    state_uri = storage.join(step_dir, STATE_FILE)
+    state = storage.read_json(state_uri) if storage.exists(state_uri) else None
+    return storage.read_json(storage.join(step_dir, CONFIG_FILE)), _tensors(step_dir, MODEL_FILE, state)

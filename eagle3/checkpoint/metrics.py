@@ -14,12 +14,35 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from pathlib import Path
 
 from eagle3 import storage
 
 METRICS_FILE = "metrics.jsonl"
+
+log = logging.getLogger(__name__)
+
+
+def _events(text: str, uri: str) -> list[dict]:
+    """The parsed lines of a metrics.jsonl. A line that does not parse (a kill in the middle of a write tears
+    the last one) is left out with a warning naming it: the curves are a record, never a reason to stop a
+    resume or an evaluation."""
+    rows = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            log.warning("%s:%d: not a metrics event (%s), left out: a write cut short by a kill", uri, number, e)
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            log.warning("%s:%d: not a metrics event (a JSON %s), left out", uri, number, type(row).__name__)
+    return rows
 
 
 class MetricsLog:
@@ -35,8 +58,8 @@ class MetricsLog:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         text = storage.read_text(self.uri) if storage.exists(self.uri) else ""
-        kept = [line for line in text.splitlines() if line.strip() and json.loads(line).get("step", 0) <= truncate_after]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = [row for row in _events(text, self.uri) if row.get("step", 0) <= truncate_after]
+        self.path.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in kept))
         self.flush()
 
     def write(self, event: dict) -> None:
@@ -52,8 +75,7 @@ class MetricsLog:
 
 def read_metrics(uri: str, event: str | None = None) -> list[dict]:
     """The events of a metrics.jsonl (optionally only ``event`` = "train" or "eval")."""
-    lines = storage.read_text(uri).splitlines() if storage.exists(uri) else []
-    rows = [json.loads(line) for line in lines if line.strip()]
+    rows = _events(storage.read_text(uri), str(uri)) if storage.exists(uri) else []
     return [r for r in rows if event is None or r.get("event") == event]
 
 

@@ -150,12 +150,34 @@ def _check_entry(entry: Any, i: int, manifest: str, check_sources: bool) -> Data
                        drop=entry.get("drop", False), regenerate=entry.get("regenerate", False))
 
 
+def _unique_keys_loader():
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML itself keeps the last silently)."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            first: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    line = first.setdefault(key, key_node.start_mark.line)
+                except TypeError:  # an unhashable key: the base class reports it
+                    continue
+                if line != key_node.start_mark.line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice (first on line {line + 1}); keep one",
+                        key_node.start_mark)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeys
+
+
 def parse_manifest(text: str, manifest: str = "<manifest>", check_sources: bool = True) -> list[DatasetSpec]:
     """Validate manifest YAML ``text``; ``manifest`` names it in errors and anchors relative sources."""
     import yaml
 
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_unique_keys_loader())  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         raise InputError(f"{manifest}: not valid YAML: {e}") from None
     except RecursionError:  # PyYAML composes recursively

@@ -342,7 +342,7 @@ def check_tokens(ids: np.ndarray, mask: np.ndarray, line: int, vocab_size: int |
 def parse_json_line(raw: bytes) -> Any:
     """The parsed JSONL line (raises Reject: not UTF-8, not JSON, too deep)."""
     try:
-        text = raw.decode("utf-8")
+        text = raw.rstrip(b"\r\n").decode("utf-8")  # without the line end, a JSON error's column is the line's
     except UnicodeDecodeError as e:
         raise Reject(INVALID_UTF8, f"byte {e.start}: {e.reason}") from None
     return _loads(text, MALFORMED_JSON, "the line")

@@ -11,7 +11,7 @@
   coding         messages JSONL     "write a function that ..." requests
   code_completion messages JSONL    typed function stubs with docstring and doctests to complete
                                     (the shape of HumanEval prompts; tasks of our own, see
-                                    demo_code_tasks.py)
+                                    eagle3/demo/code_tasks.py)
 
 Everything is deterministic from --seed. --scale multiplies the sample counts; scale 1 is about
 2,550 conversations and 0.7M SmolLM2 tokens, small enough to extract and train on 2 CPU cores.
@@ -33,6 +33,7 @@ import random
 
 from eagle3 import storage
 from eagle3.demo.code_tasks import code_completion
+from eagle3.config import DEFAULT_SEED
 from eagle3.errors import InputError
 
 # name -> (samples at scale 1, format, file, category)
@@ -291,7 +292,7 @@ def _parquet(records: list[dict]) -> bytes:
     return buf.getvalue()
 
 
-def write_demo_corpus(out: str, scale: float = 1, seed: int = 42, regenerate: tuple[str, ...] = (),
+def write_demo_corpus(out: str, scale: float = 1, seed: int = DEFAULT_SEED, regenerate: tuple[str, ...] = (),
                       more: dict[str, float] | None = None) -> str:
     """Write the demo datasets and manifest.yaml under `out`; returns the manifest's URI.
 
@@ -335,7 +336,7 @@ def write_demo_corpus(out: str, scale: float = 1, seed: int = 42, regenerate: tu
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="folder to write data/ and manifest.yaml into (local or s3://)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every dataset's sample count (default 1)")
-    p.add_argument("--seed", type=int, default=42, help="seed of the generator (default 42)")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the generator (default {DEFAULT_SEED})")
     p.add_argument("--regenerate", default="", help="comma-separated datasets to mark `regenerate: true`")
     p.add_argument("--more", action="append", default=[], metavar="NAME=X",
                    help="multiply one dataset's sample count by X on top of --scale (repeatable), e.g. "

@@ -77,6 +77,8 @@ first in vLLM (bench/paired_bench.py VARIES; `make demo DEMO_ARGS='--compare dra
 FOLDER = "demo"
 """The corpus folder under the storage root: <root>/demo/manifest.yaml is the DAG's default manifest."""
 MANIFEST = "manifest.yaml"
+MANIFEST_ENV = "EAGLE3_MANIFEST"
+"""Overrides the DAG's default manifest (demo/run_demo.py points it at its own artifacts folder)."""
 
 
 def manifest_path(root: str) -> str:

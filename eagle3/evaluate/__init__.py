@@ -36,7 +36,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         from eagle3.evaluate.sglang_bench import from_evaluate_config, sglang_benchmark
 
         return sglang_benchmark(from_evaluate_config(cfg))
-    from eagle3 import storage
+    from eagle3 import layout, storage
     from eagle3.evaluate.compare import combine, disagreements
     from eagle3.evaluate.gate import gate
 
@@ -46,9 +46,9 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     for backend in cfg.compare_with:
         reports[backend] = _measure(backend, headline)
     for backend in cfg.compare_with:
-        storage.write_json(storage.join(cfg.out, f"{backend}_report.json"), reports[backend])
+        storage.write_json(storage.join(cfg.out, layout.engine_report(backend)), reports[backend])
     report = combine(reports, cfg.backend) if cfg.compare_with else reports[cfg.backend]
-    path = storage.join(cfg.out, "report.json")
+    path = storage.join(cfg.out, layout.EVAL_REPORT)
     storage.write_json(path, report)
     for name, figures in (report.get("engines") or {cfg.backend: report}).items():
         log.info("evaluate[%s]: tau %.3f, accept rates %s, %.1f tok/s speculative vs %.1f baseline (x%.2f), "

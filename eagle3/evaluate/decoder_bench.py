@@ -28,9 +28,14 @@ log = logging.getLogger(__name__)
 
 
 def offline_sim_accept_len(checkpoint: str) -> dict | None:
-    """The trainer's last held-out estimate (CKPT/metrics.jsonl), shown beside the measured τ."""
-    from eagle3.checkpoint import last_eval
+    """The trainer's last held-out estimate (CKPT/metrics.jsonl), shown beside the measured τ. Read before any
+    decoding, so a wrong ``checkpoint`` fails in a second, not after the benchmark."""
+    from eagle3.checkpoint import METRICS_FILE, last_eval
 
+    if not storage.exists(storage.join(checkpoint, METRICS_FILE)):
+        raise InputError(f"no {METRICS_FILE} here: --checkpoint names the train stage's folder (CKPT), whose "
+                         "held-out estimate the report shows beside the measured τ; fix the path or leave it out",
+                         file=checkpoint)
     ev = last_eval(checkpoint)
     if ev is None:
         log.warning("no held-out evaluation in %s: the offline simulated acceptance length is left out", checkpoint)
@@ -122,6 +127,7 @@ def measure(cfg: EvaluateConfig) -> dict[str, Any]:
     from eagle3.progress import Progress
 
     prompt_sets = load_prompt_sets(cfg.prompts, cfg.limit)
+    offline = offline_sim_accept_len(cfg.checkpoint) if cfg.checkpoint else None
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device, workload="decode")  # batch-1 steps, not big GEMMs
     if cfg.threads is not None:
@@ -165,7 +171,6 @@ def measure(cfg: EvaluateConfig) -> dict[str, Any]:
     progress.finish()
 
     primary = next(iter(sets))
-    offline = offline_sim_accept_len(cfg.checkpoint) if cfg.checkpoint else None
     report = {
         # Headline figures are the primary (first) prompt set's; `sets` holds every set's.
         **sets[primary],

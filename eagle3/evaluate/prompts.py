@@ -83,9 +83,18 @@ def _jsonl(uri: str, limit: int | None) -> list[Prompt]:
         raise InputError(f"--prompts {uri!r} is neither {HUMANEVAL!r} nor an existing JSONL file")
     data = storage.read_bytes(uri)
     if uri.endswith(".gz"):
-        data = gzip.decompress(data)
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:  # BadGzipFile, a truncated stream
+            raise InputError(f"not a readable gzip file ({e}); check it with `gzip -t`", file=uri) from None
     out = []
-    for lineno, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+    # Lines end at b"\n" only: str.splitlines would also split at U+2028 inside a JSON string.
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"not UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r}); save the file as UTF-8",
+                             file=uri, line=lineno) from None
         if not line.strip():
             continue
         try:

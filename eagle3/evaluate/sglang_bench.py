@@ -32,7 +32,7 @@ import tempfile
 import time
 from typing import Any
 
-from eagle3 import storage
+from eagle3 import layout, storage
 from eagle3.errors import Eagle3Error, GateFailed, InputError
 from eagle3.export import draft_is_parallel
 from eagle3.serving import ServerPhases, free_port
@@ -229,12 +229,12 @@ class SGLangBenchmark:
             "phases": {"baseline": base, "eagle3": spec},
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        storage.write_json(storage.join(cfg.out, "sglang_report.json"), report)
+        storage.write_json(storage.join(cfg.out, layout.engine_report("sglang")), report)
         summary = {k: v for k, v in report.items() if k != "phases"}
-        storage.write_json(storage.join(cfg.out, "report.json"), summary)  # what publish and the report read
+        storage.write_json(storage.join(cfg.out, layout.EVAL_REPORT), summary)  # what publish and the report read
         if differ:
             raise GateFailed(f"SGLang's speculative output differs from its baseline on {len(differ)} of "
-                             f"{len(ids)} prompts (indices {differ[:20]}); see {storage.join(cfg.out, 'report.json')}")
+                             f"{len(ids)} prompts (indices {differ[:20]}); see {storage.join(cfg.out, layout.EVAL_REPORT)}")
         return summary
 
 

@@ -94,6 +94,9 @@ class ExtractConfig:
         parse_shard(self.shard)
         if self.token_budget < 1 or self.shard_mb <= 0:
             raise InputError(f"token_budget={self.token_budget}, shard_mb={self.shard_mb}: need token_budget >= 1 and shard_mb > 0")
+        if self.tokens_per_s is not None and not self.tokens_per_s > 0:
+            raise InputError(f"ExtractConfig.tokens_per_s={self.tokens_per_s!r}: the estimate's throughput must be > 0 "
+                             "(leave it out to measure it on the first batch)")
         check_device(self.device, "ExtractConfig.device")
         check_precision(self.precision, "ExtractConfig.precision")
         if self.engine not in ENGINES:

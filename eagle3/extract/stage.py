@@ -19,6 +19,7 @@ import logging
 import os
 import time
 
+from eagle3 import layout
 from eagle3 import storage as st
 from eagle3 import storage_options
 from eagle3.extract.config import SERVED_ENGINES, ExtractConfig
@@ -49,7 +50,7 @@ def read_merged(uri: str) -> tuple[list[Sample], MergedTokens]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = uri if uri.endswith(".parquet") else st.join(uri, "train.parquet")
+    path = uri if uri.endswith(".parquet") else st.join(uri, layout.MERGED_PARQUET)
     if not st.exists(path):
         raise InputError(f"merged dataset {path} not found; run `eagle3 merge --out {uri}` first")
     from eagle3.merge.stage import checked_train_parquet

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eagle3.config import DEFAULT_SEED
+from eagle3.config import DEFAULT_MAX_SEQ_LEN, DEFAULT_SEED
 from eagle3.errors import InputError
 
 
@@ -23,7 +23,7 @@ class MergeConfig:
     """Prepared folder (PREP) holding <dataset>/tokenized.parquet (+ stats.json); local or s3://."""
     out: str
     """Merged folder to write (MERGED); local or s3://."""
-    max_seq_len: int = 8192
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN
     """Every sample is cut to this many tokens; its loss_mask is cut with it."""
     seed: int = DEFAULT_SEED
     """Seed of the shuffle."""

@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from eagle3 import storage
+from eagle3 import layout, storage
 from eagle3.background import BackgroundWriter, HashingFile, prefetch
 from eagle3.config import to_dict
 from eagle3.errors import InputError
@@ -51,13 +51,13 @@ def prepared_sources(prepared: str) -> dict[str, str]:
     found = {}
     for rel in storage.list_files(prepared):
         parts = rel.split("/")
-        if len(parts) == 2 and parts[1] == "tokenized.parquet":
+        if len(parts) == 2 and parts[1] == layout.PREPARED_PARQUET:
             found[parts[0]] = storage.join(prepared, rel)
     return dict(sorted(found.items()))
 
 
 def _stats(prepared: str, name: str) -> dict:
-    uri = storage.join(prepared, name, "stats.json")
+    uri = storage.join(prepared, name, layout.PREPARED_STATS)
     return storage.read_json(uri) if storage.exists(uri) else {}
 
 
@@ -225,7 +225,7 @@ def _write_outputs(bucket_paths, names: list[str], tallies, drops, stage_dir: st
                             jf.write(json.dumps({"input_ids": g_ids[a:b].tolist(),
                                                  "loss_mask": g_mask[a:b].tolist()}) + "\n")
     storage.kill_point("merge:publish:train.parquet")  # the writers are closed: the files are whole
-    os.replace(parquet_tmp, os.path.join(stage_dir, "train.parquet"))
+    os.replace(parquet_tmp, os.path.join(stage_dir, layout.MERGED_PARQUET))
     if export_jsonl:
         os.replace(jsonl_tmp, os.path.join(stage_dir, "train.jsonl"))
     return digest.hexdigest(), sink.sha256.hexdigest()
@@ -235,12 +235,12 @@ def checked_train_parquet(merged: str) -> str:
     """The local path of MERGED/train.parquet after checking it against manifest.json's sha256 (for the stages
     that read it after the gate: vocab, extract). InputError naming the file and the repair when it differs;
     a folder without a manifest (a hand-made train.parquet) is read unchecked."""
-    path = merged if merged.endswith(".parquet") else storage.join(merged, "train.parquet")
+    path = merged if merged.endswith(".parquet") else storage.join(merged, layout.MERGED_PARQUET)
     folder = path.rsplit("/", 1)[0] if storage.is_s3(path) else os.path.dirname(path)
-    man_uri = storage.join(folder, "manifest.json")
-    want = (storage.read_json(man_uri).get("checksums") or {}).get("train.parquet") if storage.exists(man_uri) else None
+    man_uri = storage.join(folder, layout.MERGED_MANIFEST)
+    want = (storage.read_json(man_uri).get("checksums") or {}).get(layout.MERGED_PARQUET) if storage.exists(man_uri) else None
     return storage.check_sha256(path, want, f"re-run `eagle3 merge --out {folder}` (and the verify gate)",
-                                recorded_in="manifest.json")
+                                recorded_in=layout.MERGED_MANIFEST)
 
 
 def _remove(*paths: str) -> None:
@@ -258,7 +258,7 @@ def _sweep_leftovers(out: str) -> None:
     a merged folder without a manifest is never taken for complete."""
     storage.sweep_tmp(tempfile.gettempdir(), f".{BUCKETS_NAME}.*{storage.TMP_SUFFIX}")
     storage.sweep_tmp(out)
-    for name in ("manifest.json", "verify.json"):  # both describe the train.parquet about to be replaced
+    for name in (layout.MERGED_MANIFEST, layout.VERIFY_RESULT):  # both describe the Parquet about to be replaced
         storage.delete(storage.join(out, name))
 
 
@@ -281,14 +281,14 @@ def run(cfg: MergeConfig) -> dict:
         raise InputError(f"datasets under {cfg.prepared!r} were tokenized for targets of different vocab sizes "
                          f"{sorted(sizes)}; tokenize them again for one target")
     vocab_size = cfg.vocab_size or next(iter(sizes), None)
+    from eagle3.tokenize.stage import check_tokenized
+
+    for n in sources:  # each tokenized.parquet against the sha256 its stats.json records, before it is opened
+        check_tokenized(storage.join(cfg.prepared, n), stats[n])
     rows = {n: pq.ParquetFile(storage.local_path(u)).metadata.num_rows for n, u in sources.items()}
     progress = Progress("merge", sum(rows.values()), sum(int(stats[n].get("tokens", 0)) for n in sources) or 1)
     tallies = {n: _Tally(n, u) for n, u in sources.items()}
     drops: list[dict] = []
-    from eagle3.tokenize.stage import check_tokenized
-
-    for n in sources:  # each tokenized.parquet against the sha256 its stats.json records
-        check_tokenized(storage.join(cfg.prepared, n), stats[n])
     n_buckets = _bucket_count(sources, cfg.bucket_mb)
     _sweep_leftovers(cfg.out)
     with storage.staged_dir(cfg.out) as stage, tempfile.TemporaryDirectory(
@@ -297,7 +297,7 @@ def run(cfg: MergeConfig) -> dict:
         content_hash, parquet_sha256 = _write_outputs(buckets, list(sources), tallies, drops, str(stage),
                                                       cfg.export_jsonl)
         per_source = {n: t.rec for n, t in tallies.items()}
-        checksums = {"train.parquet": parquet_sha256}  # hashed as it was written
+        checksums = {layout.MERGED_PARQUET: parquet_sha256}  # hashed as it was written
         if cfg.export_jsonl:
             checksums["train.jsonl"] = storage.sha256_file(os.path.join(stage, "train.jsonl"))
         totals = {k: sum(s[k] for s in per_source.values()) for k in
@@ -306,6 +306,16 @@ def run(cfg: MergeConfig) -> dict:
         for s in per_source.values():
             for r, c in s["dropped"].items():
                 totals["dropped"][r] = totals["dropped"].get(r, 0) + c
+        if not totals["samples_out"]:  # nothing to train on: fail here, not in a later stage
+            reasons = ", ".join(f"{c} {r}" for r, c in sorted(totals["dropped"].items())) or "none read"
+            hint = (f"; raise --max-seq-len (now {cfg.max_seq_len}): the cut removed every answer"
+                    if totals["dropped"].get("no_loss_tokens_after_truncation") else
+                    "; check the datasets' loss masks (tokenize's stats.json counts loss tokens)")
+            for name in (layout.MERGED_PARQUET, "train.jsonl"):  # an empty output is no output
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(stage, name))
+            raise InputError(f"merge kept 0 of {totals['samples_in']} samples ({reasons}){hint}",
+                             file=cfg.prepared)
         manifest = {
             "seed": cfg.seed, "max_seq_len": cfg.max_seq_len, "prepared": cfg.prepared,
             "tokenizer_fingerprint": next(iter(fps), None), "vocab_size": vocab_size,
@@ -318,7 +328,7 @@ def run(cfg: MergeConfig) -> dict:
             "checksums": checksums, "config": to_dict(cfg), "created_by": "eagle3.merge",
         }
         drops.sort(key=lambda d: (d["source"], d["reason"], d["id"]))
-        storage.write_json(os.path.join(stage, "manifest.json"), manifest)
+        storage.write_json(os.path.join(stage, layout.MERGED_MANIFEST), manifest)
     progress.finish()
     summary = {"out": cfg.out, "samples": totals["samples_out"], "tokens": totals["tokens_out"],
                "loss_tokens": totals["loss_tokens_out"], "dropped": totals["dropped"],

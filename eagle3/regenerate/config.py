@@ -8,6 +8,12 @@ from typing import Any
 from eagle3.config import DEFAULT_SEED
 from eagle3.devices import check_device, check_precision
 from eagle3.errors import Eagle3Error, InputError
+from eagle3.target import SMOLLM2_ALIAS
+
+BASE_URL_ENV = "EAGLE3_OPENAI_BASE_URL"
+"""The openai backend's server URL when the config names none (the Airflow hook sets it from its connection)."""
+API_KEY_ENV = "EAGLE3_OPENAI_API_KEY"
+"""Where the openai backend reads its API key by default (never the config or a command line)."""
 
 BACKENDS = ("hf", "openai")
 SERVERS = ("sglang", "vllm")
@@ -25,13 +31,13 @@ class RegenerateConfig:
     """Output folder (local or s3://): ``<dataset>/regenerated.jsonl``, stats.json, errors.jsonl, manifest.yaml."""
     backend: str = "hf"
     """``hf`` (transformers, in-process; the embedded default) or ``openai`` (any /v1/chat/completions server)."""
-    model: str = "smollm2-135m-instruct"
+    model: str = SMOLLM2_ALIAS
     """hf: model directory or alias. openai: the model name the server serves (sent as ``model``)."""
     datasets: tuple[str, ...] = ()
     """Only these datasets (each must have regenerate: true); empty means all that have it."""
     base_url: str | None = None
     """openai: server URL (``http://h:p`` or ``.../v1``); default $EAGLE3_OPENAI_BASE_URL, then $OPENAI_BASE_URL."""
-    api_key_env: str = "EAGLE3_OPENAI_API_KEY"
+    api_key_env: str = API_KEY_ENV
     """openai: the environment variable holding the API key (the key itself is never in the config)."""
     concurrency: int = 8
     """openai: requests in flight. hf: the generate batch size."""

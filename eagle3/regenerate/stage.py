@@ -23,7 +23,7 @@ from eagle3 import storage
 from eagle3.errors import InputError
 from eagle3.progress import Progress
 from eagle3.regenerate import output
-from eagle3.regenerate.config import RegenerateConfig, TooManyErrors
+from eagle3.regenerate.config import BASE_URL_ENV, RegenerateConfig, TooManyErrors
 from eagle3.regenerate.conversations import BadRecord, Conversation, read_conversations
 from eagle3.regenerate.replay import Completion, RequestFailed, replay
 
@@ -42,10 +42,10 @@ def _make_backend(cfg: RegenerateConfig, api_key: str | None):
                          **sampling)
     from eagle3.regenerate.openai_backend import OpenAIBackend
 
-    base_url = cfg.base_url or os.environ.get("EAGLE3_OPENAI_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
+    base_url = cfg.base_url or os.environ.get(BASE_URL_ENV) or os.environ.get("OPENAI_BASE_URL")
     if not base_url:
         raise InputError("regenerate: backend openai needs a server URL: pass --base-url "
-                         "(e.g. http://127.0.0.1:30000/v1) or set EAGLE3_OPENAI_BASE_URL")
+                         f"(e.g. http://127.0.0.1:30000/v1) or set {BASE_URL_ENV}")
     if api_key is None:
         api_key = os.environ.get(cfg.api_key_env) or os.environ.get("OPENAI_API_KEY")
     log.info("regenerate: openai backend at %s, model %s, %d in flight, key %s", _redact(base_url), cfg.model,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
-from eagle3 import storage
+from eagle3 import layout, storage
 from eagle3.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -138,10 +138,10 @@ def read_datasets(paths: Mapping[str, str | None], reuse: Mapping[str, Any] | No
                                  "samples": int(doc["samples"]), "tokens": int(doc["tokens"])})
         origin = storage.join(prepared, "*/stats.json")
     if not rows and merged:
-        manifest = _dict(read_json(storage.join(merged, "manifest.json"))) or {}
+        manifest = _dict(read_json(storage.join(merged, layout.MERGED_MANIFEST))) or {}
         rows = [{"dataset": k, "samples": int(v.get("samples_out", 0)), "tokens": int(v.get("tokens_out", 0))}
                 for k, v in (manifest.get("sources") or {}).items()]
-        origin = storage.join(merged, "manifest.json")
+        origin = storage.join(merged, layout.MERGED_MANIFEST)
     if not rows:
         return None
     if any("sample_share" not in r or "token_share" not in r for r in rows):
@@ -245,7 +245,7 @@ def read_extraction(paths: Mapping[str, str | None], results: Mapping[str, Any])
             entry["samples"] += int(shard.get("samples", 0))
             entry["tokens"] += int(shard.get("tokens", 0))
     merged = paths.get("merged")
-    manifest = _dict(read_json(storage.join(merged, "manifest.json") if merged else None))
+    manifest = _dict(read_json(storage.join(merged, layout.MERGED_MANIFEST) if merged else None))
     planned = (manifest.get("totals") or {}).get("samples_out") if manifest else None
     done = [r for r in results.get("extract") or [] if isinstance(r, dict)]
     summary = None
@@ -265,9 +265,9 @@ def collect(paths: Mapping[str, str | None], results: Mapping[str, Any] | None =
     results = results or {}
     reuse = reuse_of(results)
     evaluation = paths.get("eval")
-    ev = _dict(read_json(storage.join(evaluation, "report.json") if evaluation else None))
+    ev = _dict(read_json(storage.join(evaluation, layout.EVAL_REPORT) if evaluation else None))
     publish = _dict(read_json(storage.join(evaluation, "publish.json") if evaluation else None))
-    sglang = _dict(read_json(storage.join(evaluation, "sglang_report.json") if evaluation else None))
+    sglang = _dict(read_json(storage.join(evaluation, layout.engine_report("sglang")) if evaluation else None))
     training = read_training(paths.get("checkpoint"))
     merged = paths.get("merged")
     return {
@@ -278,7 +278,7 @@ def collect(paths: Mapping[str, str | None], results: Mapping[str, Any] | None =
         "sglang": None if sglang is None else {k: v for k, v in sglang.items() if k != "phases"},
         "datasets": read_datasets(paths, reuse),
         "training": training,
-        "verify": _dict(read_json(storage.join(merged, "verify.json") if merged else None)),
+        "verify": _dict(read_json(storage.join(merged, layout.VERIFY_RESULT) if merged else None)),
         "extraction": read_extraction(paths, results),
         "reuse": reuse,
     }

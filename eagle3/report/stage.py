@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Any
 
-from eagle3 import storage
+from eagle3 import layout, storage
 from eagle3.acceptance import ordered_sets
 from eagle3.layout import RUN_SUMMARY_SCHEMA, RunLayout
 
@@ -174,7 +174,7 @@ def _write(out: str, paths: dict[str, str | None], *, title: str, status: dict |
     }
     for name, png in plots.items():
         storage.write_bytes(storage.join(out, name), png)
-    storage.write_json(storage.join(out, "report.json"), report)
+    storage.write_json(storage.join(out, layout.RUN_REPORT), report)
     storage.write_text(storage.join(out, "report.html"), render_html(report, plots, task_states))
     log.info("report: %s (%d plots; missing: %s)", out, len(plots), "; ".join(missing) or "nothing")
     return report

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from eagle3 import storage, target
+from eagle3 import layout, storage, target
 from eagle3.background import BackgroundWriter
 from eagle3.datasets import readers
 from eagle3.datasets.manifest import FORMATS, check_name, load_manifest, source_extension
@@ -38,7 +38,7 @@ TOKENIZE_VERSION = "1"  # bump when the output for the same inputs changes
 TEMPLATE_ERROR = "chat template error"
 # fingerprint last: the commit marker. stats.json (with the Parquet's sha256) before the Parquet: a kill between
 # them leaves a new checksum beside an old or no tokenized.parquet, which merge refuses or does not see.
-FILES = ("rejects.jsonl", "stats.json", "tokenized.parquet", "fingerprint.json")
+FILES = ("rejects.jsonl", layout.PREPARED_STATS, layout.PREPARED_PARQUET, "fingerprint.json")
 
 
 @dataclass(frozen=True)
@@ -86,10 +86,16 @@ class DatasetConfig:
                    max_samples=spec.max_samples, tokenizer=tokenizer, out=out, **settings)
 
 
+_LOADABLE = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")  # any one: AutoTokenizer can
+
+
 @functools.lru_cache(maxsize=4)
 def _load_tokenizer(tok_dir: str):
     from transformers import AutoTokenizer
 
+    if Path(tok_dir).is_dir() and not any((Path(tok_dir) / f).exists() for f in _LOADABLE):
+        raise InputError(f"no tokenizer here (none of {', '.join(_LOADABLE)}): pass the target's Hugging "
+                         "Face folder, which holds its tokenizer beside config.json", file=tok_dir)
     return AutoTokenizer.from_pretrained(tok_dir)
 
 
@@ -260,13 +266,13 @@ def check_tokenized(out_dir: str, stats: dict | None = None) -> str:
     """The local path of ``out_dir``/tokenized.parquet after checking it against the sha256 its stats.json
     records; InputError naming the file and the repair when it differs (files written before the checksum
     was recorded pass unchecked)."""
-    path = storage.join(out_dir, "tokenized.parquet")
+    path = storage.join(out_dir, layout.PREPARED_PARQUET)
     if stats is None:
-        stats_uri = storage.join(out_dir, "stats.json")
+        stats_uri = storage.join(out_dir, layout.PREPARED_STATS)
         stats = storage.read_json(stats_uri) if storage.exists(stats_uri) else {}
     return storage.check_sha256(path, stats.get("tokenized_sha256"),
                                 f"re-run `eagle3 tokenize` for dataset {stats.get('dataset')!r} (it re-tokenizes a "
-                                "dataset whose file fails its checksum)", recorded_in="stats.json")
+                                "dataset whose file fails its checksum)", recorded_in=layout.PREPARED_STATS)
 
 
 def _intact(out_dir: str, stats_uri: str) -> bool:
@@ -302,11 +308,15 @@ def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
     fp_inputs = fingerprint_inputs(cfg, storage.sha256_file(local), tok_dir)
     fingerprint = hashlib.sha256(json.dumps(fp_inputs, sort_keys=True).encode()).hexdigest()[:32]
 
-    fp_uri, stats_uri = storage.join(out_dir, "fingerprint.json"), storage.join(out_dir, "stats.json")
+    fp_uri, stats_uri = storage.join(out_dir, "fingerprint.json"), storage.join(out_dir, layout.PREPARED_STATS)
     storage.sweep_tmp(out_dir)  # staging folders of killed runs (never a live run's)
-    if not cfg.force and storage.exists(fp_uri) and storage.exists(storage.join(out_dir, "tokenized.parquet")):
-        old = storage.read_json(fp_uri)
-        if old.get("fingerprint") == fingerprint and storage.exists(stats_uri) and _intact(out_dir, stats_uri):
+    if not cfg.force and storage.exists(fp_uri) and storage.exists(storage.join(out_dir, layout.PREPARED_PARQUET)):
+        try:
+            old = storage.read_json(fp_uri)
+        except ValueError as e:  # a damaged cache marker only means: tokenize again
+            log.warning("tokenize %s: %s; tokenizing again", cfg.name, e)
+            old = {}
+        if isinstance(old, dict) and old.get("fingerprint") == fingerprint and storage.exists(stats_uri) and _intact(out_dir, stats_uri):
             stats = {**storage.read_json(stats_uri), "reused": True,
                      "seconds": round(time.monotonic() - start, 3)}
             if stats.get("reject_share", 0.0) > cfg.max_reject_share:  # the threshold is not in the fingerprint
@@ -324,7 +334,7 @@ def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
                                 dir=staging_parent))
     try:
         rejects: list[dict] = []
-        parquet = _ParquetOut(tmp / "tokenized.parquet", cfg.name)
+        parquet = _ParquetOut(tmp / layout.PREPARED_PARQUET, cfg.name)
         try:
             facts = _tokenize_file(cfg, local, tok_dir, parquet, rejects)
         finally:
@@ -337,11 +347,12 @@ def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
         if parquet.samples == 0 or share > cfg.max_reject_share:
             _publish(tmp, out_dir, ("rejects.jsonl",))
             top = ", ".join(f"{reason}: {n}" for reason, n in reasons.most_common(3)) or "none"
+            fix = (f"no record was accepted: check that the manifest's format ({cfg.format!r}) is the file's"
+                   if parquet.samples == 0 else "fix the input or raise --max-reject-share")
             raise InputError(
                 f"dataset {cfg.name!r}: {len(rejects)} of {considered} records refused ({share:.1%}), above "
                 f"max_reject_share {cfg.max_reject_share:.1%}; top reasons: {top}. Each is listed with its line in "
-                f"{storage.join(out_dir, 'rejects.jsonl')}; fix the input or raise --max-reject-share",
-                file=cfg.source)
+                f"{storage.join(out_dir, 'rejects.jsonl')}; {fix}", file=cfg.source)
         stats = {
             "dataset": cfg.name, "source_uri": cfg.source, "format": cfg.format, "category": cfg.category,
             "samples": parquet.samples, "tokens": parquet.tokens, "loss_tokens": parquet.loss_tokens,
@@ -349,9 +360,9 @@ def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
             "max_samples": cfg.max_samples, **facts,
             "fingerprint": fingerprint, "tokenizer_fingerprint": fp_inputs["tokenizer_fingerprint"],
             "seconds": round(time.monotonic() - start, 3), "reused": False,
-            "tokenized_sha256": storage.sha256_file(tmp / "tokenized.parquet"),  # checked by every reader
+            "tokenized_sha256": storage.sha256_file(tmp / layout.PREPARED_PARQUET),  # checked by every reader
         }
-        (tmp / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
+        (tmp / layout.PREPARED_STATS).write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
         (tmp / "fingerprint.json").write_text(
             json.dumps({"fingerprint": fingerprint, "inputs": fp_inputs}, indent=2, sort_keys=True) + "\n")
         if storage.exists(fp_uri):  # an interrupted publish must not look complete
@@ -361,6 +372,10 @@ def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("tokenize %s: %d samples, %d tokens (%d loss), %d rejected, %.1fs", cfg.name, stats["samples"],
              stats["tokens"], stats["loss_tokens"], stats["rejected"], stats["seconds"])
+    if stats["rejected"]:  # under the threshold, but each one is a sample the draft will not see
+        log.warning("tokenize %s: %d record(s) refused (%s), each listed with its line in %s", cfg.name,
+                    stats["rejected"], ", ".join(f"{r}: {n}" for r, n in reasons.most_common(3)),
+                    storage.join(out_dir, "rejects.jsonl"))
     return _summary(stats, out_dir)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from eagle3 import storage_options
@@ -168,8 +169,17 @@ class TrainConfig:
         for name in ("max_steps", "eval_every", "draft_window"):
             if int(getattr(self, name)) < 0:
                 raise InputError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)!r}")
-        if not self.lr > 0:
-            raise InputError(f"TrainConfig.lr must be > 0, got {self.lr!r}")
+        if not 0 < self.lr < math.inf:
+            raise InputError(f"TrainConfig.lr must be a finite number > 0, got {self.lr!r}")
+        if not 0 < self.grad_clip < math.inf:  # 0 would zero every step and a negative max flips the gradient
+            raise InputError(f"TrainConfig.grad_clip (the max global gradient norm) must be a finite number > 0, "
+                             f"got {self.grad_clip!r}")
+        if not 0 <= self.weight_decay < math.inf:
+            raise InputError(f"TrainConfig.weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+        betas = tuple(self.betas)
+        if len(betas) != 2 or not all(0 <= float(b) < 1 for b in betas):
+            raise InputError(f"TrainConfig.betas needs two values in [0, 1) (AdamW's), got {self.betas!r}; "
+                             "e.g. --betas 0.9,0.95")
         if not 0 <= self.heldout_share < 0.5:
             raise InputError(f"TrainConfig.heldout_share must be in [0, 0.5), got {self.heldout_share!r}")
         if not 0 <= self.warmup_ratio < 1 or not 0 <= self.min_lr_ratio <= 1:

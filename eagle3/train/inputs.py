@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle3 import storage
+from eagle3 import layout, storage
 from eagle3.draft import DraftConfig
 from eagle3.errors import InputError
 from eagle3.extract.store_format import STORE_JSON, store_key
@@ -142,7 +142,7 @@ def _merged_ids(merged: str, store) -> list[str]:
     """The sample ids of MERGED/train.parquet, all of which the store must hold."""
     import pyarrow.parquet as pq
 
-    path = storage.join(merged, "train.parquet")
+    path = storage.join(merged, layout.MERGED_PARQUET)
     if not storage.exists(path):
         raise InputError(f"no merged dataset at {path}; run `eagle3 merge --out {merged}` first")
     ids = [str(x) for x in pq.read_table(storage.local_path(path), columns=["id"]).column("id").to_pylist()]

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from eagle3.config import config_from_args, to_dict
-from eagle3.errors import Eagle3Error, exit_code
+from eagle3.errors import Eagle3Error, GpuOutOfMemory, InputError, exit_code
 from eagle3.train import TrainConfig, train
 
 STATUS_ENV = "EAGLE3_TRAIN_STATUS_DIR"  # where torchrun workers leave their error's exit code
@@ -57,7 +57,7 @@ def launch(cfg: TrainConfig, nproc: int) -> int:
         codes = [json.loads(p.read_text())["exit_code"] for p in status.glob("rank-*.json")]
     if code == 0:
         return 0
-    for wanted in (2, 75):  # bad input wins: retrying cannot fix it
+    for wanted in (InputError.EXIT_CODE, GpuOutOfMemory.EXIT_CODE):  # bad input wins: retrying cannot fix it
         if wanted in codes:
             return wanted
     return code

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from time import perf_counter  # first-sight timing: real seconds even where a test replaces `time`
 
 import torch
 
-from eagle3.errors import GpuOutOfMemory, is_oom
+from eagle3.errors import GpuOutOfMemory, InputError, is_oom
 from eagle3.oom import halve, maybe_inject
 from eagle3.progress import Progress
 from eagle3 import checkpoint, memory
@@ -34,6 +35,14 @@ from eagle3.train.config import TrainConfig, lr_at
 from eagle3.train.inputs import TrainInputs, load_inputs
 
 log = logging.getLogger(__name__)
+
+NONFINITE_LIMIT = 3
+"""Steps in a row whose gradient norm is NaN or inf before the run stops: one such step is skipped (no update,
+so the weights stay finite), several in a row mean the run diverged."""
+
+
+class TrainingDiverged(InputError):
+    """The gradients stayed non-finite: the settings (lr, data) need changing, so a retry would not help."""
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -85,6 +94,7 @@ class Trainer:
             ckpt_state.load_optimizer(self.opt, self.ckpt.optimizer, self.ckpt.state["optimizer"], self.names)
             ckpt_state.set_rng_state(self.ckpt.state["rng"])
         self.plans: dict[int, list[list[str]]] = {}
+        self.nonfinite = 0  # steps in a row skipped for a NaN/inf gradient norm
         self.total_steps = self._total_steps()
         # A time budget fixes total_steps after the first steps (eagle3/train/budget.py); a resumed run keeps
         # what its checkpoint fixed. Its warm-up follows the plan, not max_steps, so a run capped at the
@@ -175,6 +185,18 @@ class Trainer:
 
     def _denominators(self, batch: list[str]) -> torch.Tensor:
         return objective.step_denominators([self.inp.loss_mask(s) for s in batch], self.cfg.ttt_length)
+
+    def _on_nonfinite(self, grad_norm: float, lr: float) -> None:
+        """A step whose gradient norm is NaN/inf: skipped (the weights stay as they were); NONFINITE_LIMIT in a
+        row stop the run before a checkpoint could hold them."""
+        where = f"step {self.step + 1} (lr {lr:.3g}, epoch {self.pos.epoch}, batch {self.pos.index})"
+        if self.nonfinite < NONFINITE_LIMIT:
+            log.warning("gradient norm %s at %s: step skipped, weights unchanged", grad_norm, where)
+            return
+        raise TrainingDiverged(
+            f"the gradient norm was NaN/inf for {self.nonfinite} steps in a row, up to {where}: the training "
+            f"diverged. The last checkpoint ({checkpoint.latest_step_dir(self.cfg.out) or 'none yet'}) holds "
+            "finite weights; lower --lr (or check the data) and train again into a new --out", file=self.cfg.out)
 
     # -- OOM ----------------------------------------------------------------------
     def _on_oom(self) -> None:
@@ -368,7 +390,12 @@ class Trainer:
             lr = self._lr(self.step)
             for g in self.opt.param_groups:
                 g["lr"] = lr
-            self.opt.step()
+            if math.isfinite(grad_norm):
+                self.nonfinite = 0
+                self.opt.step()
+            else:  # every rank sees the same reduced norm, so all skip together
+                self.nonfinite += 1
+                self._on_nonfinite(grad_norm, lr)
             self.step += 1
             self.pos = data.Position(self.pos.epoch, self.pos.index + 1)
             tokens = sum(self.lengths[s] for s in gb)

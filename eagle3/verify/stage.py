@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from eagle3 import storage, storage_options
+from eagle3 import layout, storage, storage_options
 from eagle3.errors import GateFailed, InputError
 from eagle3.verify import sizing
 from eagle3.verify.config import VerifyConfig
@@ -97,7 +97,7 @@ def _source_checks(out: _Output, man: dict, prepared: str | None) -> tuple[list,
     base = 0
     for name in sorted(man["sources"]):
         rec = man["sources"][name]
-        path = storage.local_path(storage.join(prepared, name, "tokenized.parquet") if prepared else rec["file"])
+        path = storage.local_path(storage.join(prepared, name, layout.PREPARED_PARQUET) if prepared else rec["file"])
         src = pq.read_table(path, columns=["id", "input_ids", "loss_mask"]).combine_chunks()
         off, vals = list_parts(src.column("input_ids").chunk(0), np.int32) if src.num_rows else (np.zeros(1, int), [])
         moff, mvals = list_parts(src.column("loss_mask").chunk(0), np.uint8) if src.num_rows else (np.zeros(1, int), [])
@@ -258,7 +258,7 @@ def run(cfg: VerifyConfig) -> dict:
 
     Returns the verify.json content.
     """
-    man_uri = storage.join(cfg.merged, "manifest.json")
+    man_uri = storage.join(cfg.merged, layout.MERGED_MANIFEST)
     if not storage.exists(man_uri):
         raise InputError(f"{man_uri} not found; run `eagle3 merge --out {cfg.merged}` first")
     man = storage.read_json(man_uri)
@@ -267,7 +267,16 @@ def run(cfg: VerifyConfig) -> dict:
                 if storage.sha256_problem(storage.join(cfg.merged, f), s)]
     checks.append(_check("checksums", not bad_sums, f"changed since merge: {bad_sums}" if bad_sums else
                          f"{len(man.get('checksums', {}))} files match manifest.json", changed=bad_sums))
-    out = _Output(storage.local_path(storage.join(cfg.merged, "train.parquet")))
+    if layout.MERGED_PARQUET in bad_sums:  # the other checks would read a damaged file: stop at this one
+        result = {"passed": False, "failed": ["checksums"], "samples": None, "tokens": None,
+                  "content_hash": man.get("content_hash"), "checks": checks}
+        storage.write_json(storage.join(cfg.merged, layout.VERIFY_RESULT), result)
+        raise GateFailed(f"verify gate failed: checksums: {checks[-1]['detail']} (the other checks need an intact "
+                         f"{layout.MERGED_PARQUET}: run `eagle3 merge --out {cfg.merged}` again)")
+    out = _Output(storage.local_path(storage.join(cfg.merged, layout.MERGED_PARQUET)))
+    if not out.n:
+        raise InputError(f"{layout.MERGED_PARQUET} holds no samples: nothing to train on (see manifest.json's "
+                         "totals.dropped for why merge dropped them)", file=cfg.merged)
     source_checks, rank = _source_checks(out, man, cfg.prepared)
     checks += _row_checks(out, man["max_seq_len"]) + source_checks
     checks += _order_checks(out, man, rank, cfg.p_threshold)
@@ -282,7 +291,7 @@ def run(cfg: VerifyConfig) -> dict:
     result = {"passed": not failed, "failed": [c["name"] for c in failed], "samples": out.n,
               "tokens": int(out.num_tokens.sum()), "content_hash": man.get("content_hash"), "checks": checks,
               "training_mode": mode, "train_token_budget": mem["train_token_budget"]}
-    storage.write_json(storage.join(cfg.merged, "verify.json"), result)
+    storage.write_json(storage.join(cfg.merged, layout.VERIFY_RESULT), result)
     for c in checks:
         log.info("verify %-18s %s  %s", c["name"], "ok  " if c["passed"] else "FAIL", c["detail"])
     if failed:

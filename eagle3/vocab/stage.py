@@ -25,7 +25,7 @@ import logging
 
 import numpy as np
 
-from eagle3 import storage
+from eagle3 import layout, storage
 from eagle3.errors import InputError
 from eagle3.merge.arrays import list_parts
 from eagle3.vocab.config import VocabConfig
@@ -76,7 +76,7 @@ def run(cfg: VocabConfig) -> dict:
     """Build (or reuse) VOCAB/vocab.safetensors + vocab.json; returns vocab.json's content."""
     from safetensors.numpy import save
 
-    man_uri = storage.join(cfg.merged, "manifest.json")
+    man_uri = storage.join(cfg.merged, layout.MERGED_MANIFEST)
     if not storage.exists(man_uri):
         raise InputError(f"{man_uri} not found; run `eagle3 merge --out {cfg.merged}` first")
     man = storage.read_json(man_uri)

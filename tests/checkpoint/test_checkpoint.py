@@ -107,3 +107,61 @@ def test_s3_checkpoint_roundtrip(s3_bucket):
     got = ck.load_latest(uri)
     assert got.step == 7 and got.config == {"k": 7}
     assert torch.equal(got.model["0.weight"], model.state_dict()["0.weight"])
+
+
+def _saved(tmp_path, step=3):
+    model, opt, names = _model_and_opt()
+    tensors, meta = ck_state.optimizer_tensors(opt, names)
+    ck.save(str(tmp_path), step, model.state_dict(), tensors, {"opt": meta}, {"hidden_size": 4})
+    return tmp_path / ck.step_dir_name(step)
+
+
+@pytest.mark.parametrize("name", [ck.MODEL_FILE, ck.OPTIMIZER_FILE])
+def test_a_damaged_weight_file_is_refused_by_name_on_resume_and_export(tmp_path, name):
+    from eagle3.errors import InputError
+
+    step = _saved(tmp_path)
+    sums = json.loads((step / ck.STATE_FILE).read_text())["checksums"]
+    assert set(sums) == {ck.MODEL_FILE, ck.OPTIMIZER_FILE}
+    data = bytearray((step / name).read_bytes())
+    data[-3] ^= 1  # one bit in the tensor data: safetensors itself would load it
+    (step / name).write_bytes(bytes(data))
+    with pytest.raises(InputError, match=rf"{name}: sha256 .* differs from train_state.json's .*--step N"):
+        ck.load_latest(str(tmp_path))
+    if name == ck.MODEL_FILE:  # export reads only the weights
+        with pytest.raises(InputError, match=rf"{name}: sha256"):
+            ck.read_step(str(step))
+    else:  # export still reads the intact weights
+        assert set(ck.read_step(str(step))[1]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
+
+
+def test_a_cut_weight_file_without_a_checksum_is_named_not_a_safetensors_traceback(tmp_path):
+    from eagle3.errors import DamagedFile
+
+    step = _saved(tmp_path)
+    state = json.loads((step / ck.STATE_FILE).read_text())
+    del state["checksums"]  # a checkpoint written before checksums were recorded
+    (step / ck.STATE_FILE).write_text(json.dumps(state))
+    assert ck.load_latest(str(tmp_path)).step == 3  # read unchecked
+    (step / ck.MODEL_FILE).write_bytes((step / ck.MODEL_FILE).read_bytes()[:40])
+    with pytest.raises(DamagedFile, match=rf"{ck.MODEL_FILE}: not a readable safetensors file"):
+        ck.read_step(str(step))
+
+
+def test_a_torn_metrics_line_is_left_out_with_a_warning_not_a_stop(tmp_path, caplog):
+    import logging
+
+    from eagle3.checkpoint.metrics import MetricsLog, read_metrics
+
+    log = MetricsLog(str(tmp_path))
+    for step in (1, 2, 3):
+        log.write({"event": "train", "step": step, "loss": 1.0 / step})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"event": "train", "step": 4, "loss": 0.2')  # killed in the middle of a write
+    uri = str(tmp_path / "metrics.jsonl")
+    with caplog.at_level(logging.WARNING):
+        assert [r["step"] for r in read_metrics(uri)] == [1, 2, 3]
+        MetricsLog(str(tmp_path), truncate_after=2)  # a resume from step 2
+    assert any(f"{uri}:4: not a metrics event" in r.getMessage() for r in caplog.records)
+    assert [r["step"] for r in read_metrics(uri)] == [1, 2]
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2

@@ -127,3 +127,16 @@ def test_a_draft_checkpoint_config_with_aux_layer_ids_loads(caplog):
     with caplog.at_level(logging.WARNING), pytest.warns(DeprecationWarning) as recorded:
         assert DraftConfig.from_dict(old, where="CKPT/step-5/config.json") == new
     _said(caplog, recorded, f"CKPT/step-5/config.json: aux_layer_ids is deprecated, use aux_layers; {LATER}")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[]", "--config holds a JSON list; it must be one object whose keys are StatsConfig fields"),
+    ('{"prepared": "p", ', r"--config: not valid JSON \(Expecting property name"),
+])
+def test_a_config_file_that_is_not_one_json_object_is_named(tmp_path, text, message):
+    from eagle3.errors import InputError
+
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    with pytest.raises(InputError, match=rf"c.json: {message}"):
+        config_from_args(StatsConfig, build_parser().parse_args(["stats", "--config", str(path)]))

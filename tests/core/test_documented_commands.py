@@ -28,9 +28,12 @@ def test_the_scan_catches_a_wrong_flag(tmp_path, monkeypatch):
 
     doc = tmp_path / "x.md"
     doc.write_text("run `eagle3 train --store S \\\n    --no-such-flag 1` and\n"
-                   "eagle3 extract --server-args=--gpu-memory-utilization,0.9 | tail\n")
+                   "eagle3 extract --server-args=--gpu-memory-utilization,0.9 | tail --lines 3\n"
+                   "eagle3 extract --merged M \\\n    [--device cpu|cuda] [--summary-json FILE]\n")
     monkeypatch.setattr(doc_scan, "DOCS", [doc])
     monkeypatch.setattr(doc_scan, "ROOT", tmp_path)
     assert documented_flags(r"eagle3 (train|extract)\b") == [
         ("x.md", 1, "train", "--store"), ("x.md", 1, "train", "--no-such-flag"),
-        ("x.md", 3, "extract", "--server-args")]
+        ("x.md", 3, "extract", "--server-args"),
+        # a synopsis: bracketed flags count, and a|b is no shell pipe
+        ("x.md", 4, "extract", "--merged"), ("x.md", 4, "extract", "--device"), ("x.md", 4, "extract", "--summary-json")]

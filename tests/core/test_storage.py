@@ -90,3 +90,16 @@ def test_check_sha256_names_the_file_both_digests_and_the_repair(root):
     assert storage.sha256_problem(uri, digest, "stats.json") == f"sha256 {got} differs from stats.json's {digest}"
     assert storage.sha256_problem(uri, got) is None
     assert storage.sha256_problem(uri, digest, digest=digest) is None  # a digest the caller computed is trusted
+
+
+def test_a_damaged_json_artifact_is_named_and_still_a_value_error(tmp_path):
+    from eagle3.errors import DamagedFile
+
+    path = tmp_path / "manifest.json"
+    path.write_text('{"samples": 3, "checks')  # a cut write
+    with pytest.raises(DamagedFile, match=r"manifest.json: not valid JSON \(Unterminated string.*truncated or damaged"):
+        storage.read_json(str(path))
+    path.write_bytes(b'{"a": "\xff"}')
+    with pytest.raises(ValueError, match="manifest.json: not valid JSON"):  # callers that treat it as absent
+        storage.read_json(str(path))
+    assert issubclass(DamagedFile, InputError) and DamagedFile.EXIT_CODE == InputError.EXIT_CODE

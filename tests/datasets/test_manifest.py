@@ -65,6 +65,9 @@ def test_bad_entries_are_refused(tmp_path, entries, expected):
 @pytest.mark.parametrize("text, expected", [
     ("", "is empty"), ("datasets: []\n", "non-empty list"), ("other: 1\n", "top-level 'datasets:'"),
     ("datasets: [x]\nextra: 1\n", "unknown top-level key(s) extra"), ("datasets: [\n", "not valid YAML"),
+    # YAML keeps the last of a repeated key silently; a manifest refuses it
+    ("datasets:\n- name: a\n  format: messages\n  format: sharegpt\n",
+     "key 'format' given twice (first on line 3)"),
 ])
 def test_bad_documents_are_refused(tmp_path, text, expected):
     with pytest.raises(InputError, match=expected.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):

@@ -231,3 +231,11 @@ def test_a_key_spelled_with_escapes_cannot_make_the_two_paths_disagree(tmp_path,
     monkeypatch.setattr(readers._FastTokens, "__call__", lambda self, raw: None)
     slow = [(type(i).__name__, getattr(i, "reason", None)) for i in _lines(path, "tokenized", vocab_size=100)]
     assert fast == slow == [("Rejected", records.BAD_TOKENS), ("TokenRecord", None)]
+
+
+def test_a_malformed_line_reports_its_own_column_not_a_second_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n" + b'{"messages": [}\r\n')
+    bad = [item for item in _lines(path, "messages") if isinstance(item, Rejected)]
+    assert len(bad) == 1 and bad[0].line == 2
+    assert "line 1 column 15" in bad[0].detail, bad[0].detail  # the line end is not part of the JSON

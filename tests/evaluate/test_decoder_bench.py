@@ -156,7 +156,9 @@ def test_offline_sim_accept_len_takes_the_last_eval_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     got = offline_sim_accept_len(str(tmp_path))
     assert got == {"sim_accept_len": 1.5, "step": 2, "acc": [0.5]}
-    assert offline_sim_accept_len(str(tmp_path / "missing")) is None
+    (tmp_path / "no-eval").mkdir()
+    (tmp_path / "no-eval" / "metrics.jsonl").write_text(json.dumps(lines[2]) + "\n")  # trained with eval_every 0
+    assert offline_sim_accept_len(str(tmp_path / "no-eval")) is None
 
 
 def test_the_report_counts_the_answer_tokens_outside_the_draft_vocab(tiny_llama_dir, make_draft, prompts,
@@ -182,3 +184,14 @@ def test_the_report_counts_the_answer_tokens_outside_the_draft_vocab(tiny_llama_
     assert reach["tokens"] == sum(map(len, answers)) == 32 and reach["outside"] == outside > 0
     assert reach["draft_vocab_size"] == v // 4 and report["vocab_reach"] == reach
     assert f"answer tokens: {100 * (1 - outside / 32):.1f}% on {name}" in say(cfg, summary)
+
+
+def test_a_wrong_checkpoint_fails_before_any_decoding(tmp_path, monkeypatch):
+    from eagle3.errors import InputError
+    from eagle3.evaluate import decoder_bench
+
+    monkeypatch.setattr(decoder_bench, "_load", lambda *a: pytest.fail("the target was loaded"))
+    cfg = EvaluateConfig(model="smollm2-135m-instruct", draft=str(tmp_path / "draft"), out=str(tmp_path / "eval"),
+                         prompts="chat", limit=1, checkpoint=str(tmp_path / "ckpt-typo"))
+    with pytest.raises(InputError, match=r"ckpt-typo: no metrics.jsonl here: --checkpoint names the train stage's"):
+        decoder_bench.measure(cfg)

@@ -77,3 +77,18 @@ def test_chat_template_applied(smollm2_dir):
     ids = encode_prompt(tok, load_prompts("humaneval", limit=1)[0])
     text = tok.decode(ids)
     assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_a_prompt_file_that_does_not_decode_is_named_with_its_line(tmp_path):
+    bad = tmp_path / "p.jsonl"
+    bad.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xff"}\n')
+    with pytest.raises(InputError, match=r"p.jsonl:2: not UTF-8 \(byte 15: b'\\xff'\)"):
+        load_prompts(str(bad))
+    gz = tmp_path / "p.jsonl.gz"
+    gz.write_bytes(b"not gzip at all")
+    with pytest.raises(InputError, match=r"p.jsonl.gz: not a readable gzip file .*gzip -t"):
+        load_prompts(str(gz))
+    # U+2028 is a line break to str.splitlines, but JSON (json.dumps(..., ensure_ascii=False)) keeps it raw
+    ok = tmp_path / "u.jsonl"
+    ok.write_text(json.dumps({"prompt": "a\u2028b"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert load_prompts(str(ok))[0].messages[-1]["content"] == "a\u2028b"

@@ -203,3 +203,28 @@ def test_readers_after_the_gate_refuse_a_changed_train_parquet(tmp_path):
         checked_train_parquet(os.path.join(out, "train.parquet"))
     with pytest.raises(InputError, match="differs from manifest.json"):
         vocab(VocabConfig(merged=out, out=str(tmp_path / "vocab"), draft_vocab_size=8))
+
+
+def test_a_cut_prepared_parquet_is_refused_by_its_checksum_before_it_is_opened(tmp_path):
+    rng = np.random.default_rng(3)
+    prep = write_prepared(tmp_path / "prep", {"a": random_rows(rng, 10)})
+    path = os.path.join(prep, "a", "tokenized.parquet")
+    stats = storage.read_json(os.path.join(prep, "a", "stats.json"))
+    storage.write_json(os.path.join(prep, "a", "stats.json"), {**stats, "tokenized_sha256": storage.sha256_file(path)})
+    with open(path, "r+b") as f:  # half the file: no Parquet footer left, so opening it would raise ArrowInvalid
+        f.truncate(os.path.getsize(path) // 2)
+    with pytest.raises(InputError, match=r"a/tokenized.parquet: sha256 .* differs from stats.json"):
+        merge(MergeConfig(prepared=prep, out=str(tmp_path / "m"), max_seq_len=32))
+    from eagle3.stats import StatsConfig, compute_stats
+
+    with pytest.raises(InputError, match=r"a/tokenized.parquet: sha256 .* differs from stats.json"):
+        compute_stats(StatsConfig(prepared=prep, hidden_size=64), write=False)
+
+
+def test_a_merge_that_keeps_nothing_fails_and_says_why(tmp_path):
+    prep = write_prepared(tmp_path / "prep", {"a": [(list(range(20)), [0] * 15 + [1] * 5)] * 2})
+    out = tmp_path / "m"
+    with pytest.raises(InputError, match=r"merge kept 0 of 2 samples \(2 no_loss_tokens_after_truncation\); "
+                                         r"raise --max-seq-len \(now 10\)"):
+        merge(MergeConfig(prepared=prep, out=str(out), max_seq_len=10))
+    assert not (out / "train.parquet").exists() and not (out / "manifest.json").exists()

@@ -290,3 +290,41 @@ def test_a_damaged_tokenized_file_is_tokenized_again_not_reused(tmp_path, chatml
     parquet.write_bytes(good[:-10])
     again = tokenize_dataset(config(tmp_path, src, chatml_dir))
     assert again["reused"] is False and parquet.read_bytes() == good
+
+
+@pytest.mark.parametrize("name", ["fingerprint.json", "stats.json"])
+def test_a_damaged_cache_marker_means_tokenize_again(tmp_path, chatml_dir, name, caplog):
+    src = write_jsonl(tmp_path / "a.jsonl", [conv(i) for i in range(5)])
+    first = tokenize_dataset(config(tmp_path, src, chatml_dir))
+    marker = tmp_path / "prep" / "arith" / name
+    marker.write_text(marker.read_text()[:25])  # a cut write
+    with caplog.at_level(logging.WARNING):
+        again = tokenize_dataset(config(tmp_path, src, chatml_dir))
+    assert again["reused"] is False and again["samples"] == first["samples"]
+    assert any(f"arith/{name}: not valid JSON" in r.getMessage() for r in caplog.records)
+    assert tokenize_dataset(config(tmp_path, src, chatml_dir))["reused"] is True  # and the marker is whole again
+
+
+def test_a_model_folder_without_a_tokenizer_is_named(tmp_path, chatml_dir):
+    src = write_jsonl(tmp_path / "a.jsonl", [conv(i) for i in range(2)])
+    bare = tmp_path / "model"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 100}))
+    with pytest.raises(InputError, match=r"model: no tokenizer here \(none of tokenizer.json.*pass the target's"):
+        tokenize_dataset(config(tmp_path, src, str(bare)))
+
+
+def test_rejects_under_the_threshold_are_a_warning_naming_the_file(tmp_path, chatml_dir, caplog):
+    src = write_jsonl(tmp_path / "a.jsonl", [conv(i) for i in range(40)], extra_lines=["{not json"])
+    with caplog.at_level(logging.WARNING):
+        out = tokenize_dataset(config(tmp_path, src, chatml_dir))
+    assert out["rejected"] == 1
+    assert any("1 record(s) refused (malformed JSON: 1)" in r.getMessage() and "arith/rejects.jsonl" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_a_dataset_whose_every_record_is_refused_points_at_the_format(tmp_path, chatml_dir):
+    sharegpt = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}] * 3
+    src = write_jsonl(tmp_path / "a.jsonl", sharegpt)
+    with pytest.raises(InputError, match=r"no record was accepted: check that the manifest's format \('messages'\)"):
+        tokenize_dataset(config(tmp_path, src, chatml_dir))

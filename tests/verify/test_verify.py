@@ -197,3 +197,20 @@ def test_verify_and_vocab_on_s3(tmp_path, s3_bucket):
     assert space["free_bytes"] is None and "unknown (object store)" in space["detail"]
     info = vocab(VocabConfig(merged=merged, out=f"{s3_bucket}/vocab", draft_vocab_size=32))
     assert info["vocab_size"] == 1000 and load_vocab(f"{s3_bucket}/vocab")[0].shape == (32,)
+
+
+def test_a_cut_train_parquet_fails_the_gate_on_its_checksum_alone(merged):
+    path = os.path.join(merged, "train.parquet")
+    with open(path, "r+b") as f:  # the other checks would have to open a file with no footer
+        f.truncate(os.path.getsize(path) // 2)
+    failed, message, checks = failed_checks(merged)
+    assert failed == {"checksums"} and list(checks) == ["checksums"]
+    assert "run `eagle3 merge --out" in message
+
+
+def test_an_empty_merge_is_refused(tmp_path, merged):
+    from eagle3.errors import InputError
+
+    plant(merged, lambda cols: {k: [] for k in cols})
+    with pytest.raises(InputError, match="train.parquet holds no samples"):
+        verify(VerifyConfig(merged))
