@@ -75,6 +75,75 @@ def test_nproc_launcher_keeps_exit_code_75_for_an_oom(tiny_store, tmp_path):
     assert (state["token_budget"], state["grad_accum"], state["world_size"]) == (64, 2, 2)
 
 
+def _args(tiny_store, out, steps: int) -> list[str]:
+    return ["--store", tiny_store["store"], "--vocab", tiny_store["vocab"], "--out", str(out), "--ttt-length", "2",
+            "--token-budget", "64", "--max-steps", str(steps), "--epochs", str(steps), "--init", "random",
+            "--device", "cpu",
+            "--log-every", "1", "--save-every", "1000", "--eval-every", "0", "--nproc", "2"]
+
+
+def test_nproc_launcher_hands_rank_0s_summary_to_result(tiny_store, tmp_path):
+    """What the Airflow task reads: `--result` of `eagle3 train --nproc 2` holds the run's summary."""
+    from tests.train.train_helpers import run_cli
+
+    result = tmp_path / "result.json"
+    proc = run_cli([*_args(tiny_store, tmp_path / "ddp", 2), "--result", str(result)], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(result.read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 2 and summary["checkpoint"].endswith("step-00000002")
+
+
+def _marked(mark: str) -> list[int]:
+    """Pids of live processes whose environment holds ``mark`` (this test's workers)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and mark.encode() in open(f"/proc/{entry}/environ", "rb").read():
+                state = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.parametrize("kill", ["sigterm_to_the_launcher", "sigkill_to_the_group"])
+def test_a_killed_launcher_leaves_no_worker_behind(tiny_store, tmp_path, kill):
+    """torchrun starts its workers in sessions of their own, so neither a kill of the launcher nor a SIGKILL of
+    the task's process group (Airflow's kill after its grace) reaches them. On a SIGTERM the launcher has torchrun
+    stop them; on a SIGKILL of launcher and torchrun each worker is told by Linux (PR_SET_PDEATHSIG)."""
+    import signal
+    import time
+    import uuid
+
+    mark = f"EAGLE3_TEST_MARK_{uuid.uuid4().hex}"
+    out = tmp_path / "ddp"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **{mark: "1"})
+    log = open(tmp_path / "train.log", "wb")  # a file, not a pipe: a worker writing to a closed pipe would die anyway
+    launcher = subprocess.Popen([sys.executable, "-m", "eagle3.cli", "train", *_args(tiny_store, out, 100000)],
+                                env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "metrics.jsonl").exists() or '"event": "train"' not in (out / "metrics.jsonl").read_text():
+            assert launcher.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(1)
+        assert len(_marked(mark)) >= 4  # the launcher, torchrun and its two workers
+        if kill == "sigterm_to_the_launcher":
+            launcher.send_signal(signal.SIGTERM)
+            assert launcher.wait(timeout=60) == 128 + signal.SIGTERM
+        else:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+        assert '"world_size"' not in (tmp_path / "train.log").read_text()  # killed while training (no summary)
+        deadline = time.monotonic() + 60
+        while _marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _marked(mark) == [], "workers outlived torchrun"
+    finally:
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_sequence_parallel_ranks_match_one_process(tiny_store, tmp_path):
     """`--sequence-parallel` on 2 gloo ranks: both read the same micro-batches and split their positions; the
     loss curve, the held-out figures and the trained-position counts equal one process's with the same batch."""
