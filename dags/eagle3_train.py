@@ -202,6 +202,18 @@ TRAIN_BUDGET = "{{ ti.xcom_pull(task_ids='verify', key='train_token_budget') or 
 # "1,14,26" -> [1, 14, 26]; empty -> None (the target's default layers). A list Param emptied in the form is
 # null: its templates read `params.x or []`.
 AUX_LAYERS = "{{ params.aux_layers | layer_ids }}"
+# The train and evaluate settings known at trigger time: their tasks' configs, and discover's preflight of them.
+TRAIN_SETTINGS = {
+    "storage_option": "{{ params.storage_option }}", "ttt_length": "{{ params.ttt_length }}",
+    "epochs": "{{ params.epochs }}", "lr": "{{ params.lr }}", "checkpoint_ttt_steps": "{{ params.checkpoint_ttt_steps }}",
+    "sequence_parallel": "{{ params.sequence_parallel }}", "max_steps": "{{ params.max_steps }}",
+    "seed": "{{ params.seed }}", "precision": "{{ params.precision }}", "draft_variant": "{{ params.draft_variant }}",
+    "draft_window": "{{ params.draft_window }}", "parallel_drafting": "{{ params.parallel_drafting }}",
+    "train_time_budget": "{{ params.train_time_budget }}"}
+EVALUATE_SETTINGS = {
+    "backend": "{{ params.evaluate_backend }}", "compare_with": "{{ params.evaluate_compare_with or [] }}",
+    "prompts": "{{ params.benchmark_prompts }}", "steps": "{{ params.steps }}", "limit": "{{ params.benchmark_limit }}",
+    "max_new_tokens": "{{ params.max_new_tokens }}", "precision": "{{ params.precision }}"}
 
 
 def layer_ids(text: str | None) -> list[int] | None:
@@ -229,7 +241,11 @@ def eagle3_train():
         plan = Eagle3StageOperator(
             task_id="plan", stage="discover", **common,
             config={"manifest": "{{ params.manifest }}", "root": ROOT, "extract_shards": "{{ params.extract_shards }}",
-                    "regenerate_tasks": "{{ params.regenerate_tasks }}"})
+                    "regenerate_tasks": "{{ params.regenerate_tasks }}",
+                    # what merge, train and evaluate would refuse only hours later, checked first
+                    "preflight": {"drop": "{{ params.drop or [] }}", "model": "{{ params.model }}",
+                                  "aux_layers": AUX_LAYERS, "evaluate": EVALUATE_SETTINGS,
+                                  "train": TRAIN_SETTINGS}})
 
         # Mapped tasks expand over a whole XCom value, never over one key of it: one list each.
         @task(task_id="regenerate")
@@ -314,17 +330,8 @@ def eagle3_train():
         reserve_tokens_per_s="{{ params.reserve_tokens_per_s }}",
         **GPU, **common,
         config={"store": layout.store(ROOT), "aux_layers": AUX_LAYERS,
-                "storage_option": "{{ params.storage_option }}",
                 "merged": RUN.folder("merged"), "vocab": RUN.folder("vocab"), "out": RUN.folder("checkpoint"),
-                "model": "{{ params.model }}", "ttt_length": "{{ params.ttt_length }}", "epochs": "{{ params.epochs }}",
-                "lr": "{{ params.lr }}", "token_budget": TRAIN_BUDGET,
-                "checkpoint_ttt_steps": "{{ params.checkpoint_ttt_steps }}",
-                "sequence_parallel": "{{ params.sequence_parallel }}",
-                "max_steps": "{{ params.max_steps }}", "seed": "{{ params.seed }}",
-                "precision": "{{ params.precision }}",
-                "draft_variant": "{{ params.draft_variant }}", "draft_window": "{{ params.draft_window }}",
-                "parallel_drafting": "{{ params.parallel_drafting }}",
-                "train_time_budget": "{{ params.train_time_budget }}",
+                "model": "{{ params.model }}", "token_budget": TRAIN_BUDGET, **TRAIN_SETTINGS,
                 "online": ONLINE, "write_back": "{{ params.online_write_back and " + ONLINE[3:],
                 # online: the target in target_engine (a vLLM or SGLang server on its own devices, or in-process)
                 "target_engine": "{{ params.target_engine if " + ONLINE[3:-3] + " else 'transformers' }}",
@@ -336,11 +343,7 @@ def eagle3_train():
     evaluate = Eagle3StageOperator(
         task_id="evaluate", stage="evaluate", **GPU, **common,
         config={"model": "{{ params.model }}", "draft": RUN.folder("draft"), "checkpoint": RUN.folder("checkpoint"),
-                "out": RUN.folder("eval"), "backend": "{{ params.evaluate_backend }}",
-                "compare_with": "{{ params.evaluate_compare_with or [] }}",
-                "prompts": "{{ params.benchmark_prompts }}", "steps": "{{ params.steps }}",
-                "limit": "{{ params.benchmark_limit }}", "max_new_tokens": "{{ params.max_new_tokens }}",
-                "precision": "{{ params.precision }}"})
+                "out": RUN.folder("eval"), **EVALUATE_SETTINGS})
     publish = PublishOperator(
         task_id="publish", outlets=[DRAFT_MODEL], **common,
         config={"report": layout.join(RUN.folder("eval"), layout.EVAL_REPORT), "draft": RUN.folder("draft"),

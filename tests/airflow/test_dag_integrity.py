@@ -355,3 +355,61 @@ def test_target_engine_param_offers_sglang_and_each_stage_gets_it(dag):
     with pytest.raises(InputError,
                        match="storage_option='bf16' cannot be filled by VerifyConfig.target_engine='sglang'"):
         from_dict(VerifyConfig, verify.render_template(verify.config, bad, jinja_env=env))
+
+
+def test_discover_checks_what_later_stages_would_refuse_before_any_work(dag, tmp_path):
+    """The plan task renders the run's drop list, train and evaluate settings and aux layers into discover's
+    preflight: the demo's defaults pass it, and a value merge, train, evaluate or extract would refuse only hours
+    later fails the run's first task."""
+    from eagle3.config import from_dict
+    from eagle3.discover import DiscoverConfig, discover
+    from eagle3.errors import InputError
+
+    for n in ("a", "long_reports"):
+        (tmp_path / f"{n}.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    (tmp_path / "m.yaml").write_text("datasets:\n" + "".join(
+        f"  - {{name: {n}, source: {tmp_path}/{n}.jsonl, format: messages}}\n" for n in ("a", "long_reports")))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "model_type": "llama"}))
+    params = {**{k: dag.params[k] for k in dag.params}, "manifest": str(tmp_path / "m.yaml"),
+              "storage_root": str(tmp_path), "model": str(tmp_path / "model")}
+    plan = dag.get_task("discover.plan")
+
+    def run(**changed):
+        cfg = plan.render_template(plan.config, {"params": {**params, **changed}, "run_id": "r1"},
+                                   jinja_env=dag.get_template_env())
+        return discover(from_dict(DiscoverConfig, cfg))
+
+    assert [t["dataset"] for t in run()["tokenize"]] == ["a", "long_reports"]  # the demo's settings pass
+    for changed, message in (
+            ({"drop": ["long_report"]}, r"drop names dataset\(s\) \['long_report'\] that the manifest does not have"),
+            ({"evaluate_backend": "vllm"}, "compare_with"),  # vLLM compared with itself
+            ({"benchmark_prompts": "humaneval,nosuch"}, "nosuch"),
+            ({"parallel_drafting": True, "ttt_length": 1}, "parallel_drafting"),
+            ({"aux_layers": "1,4,9"}, r"aux layers \[1, 4, 9\]: need 3 layer ids in \[0, 6\]")):
+        with pytest.raises(InputError, match=message):
+            run(**changed)
+
+
+def test_the_run_confs_the_docs_show_are_valid_params(dag):
+    """Each JSON run conf in README.md and docs/*.md (a code block of an object whose keys are all Params) is one
+    the trigger form would accept: every key a Param, every value valid."""
+    import copy
+    import re
+
+    from tests.doc_scan import DOCS
+
+    checked = 0
+    for doc in DOCS:
+        for block in re.findall(r"```json\n(.*?)```", doc.read_text(), re.S):
+            conf = json.loads(block)
+            if not isinstance(conf, dict) or not set(conf) & {"model", "storage_root"}:
+                continue
+            unknown = sorted(set(conf) - set(dag.params))
+            assert not unknown, f"{doc.name}: not Params: {unknown}"
+            params = copy.deepcopy(dag.params)
+            for key, value in conf.items():
+                params[key] = value
+            params.validate()
+            checked += 1
+    assert checked >= 1
