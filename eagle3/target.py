@@ -199,11 +199,14 @@ def tokenizer_fingerprint(model_dir: str) -> str:
 
 
 def model_fingerprint(model_dir: str) -> str:
-    """Hash of config + weights; cached beside the weights (keyed by size and mtime)."""
-    root = Path(model_dir)
+    """Hash of config + weights; cached per machine (keyed by the folder, and the weights' size and mtime) in
+    the local cache, not in the model folder: an s3 target's mirror drops any file its prefix lacks, and a
+    read-only folder holds none, so either would hash a large target's weights again in every task."""
+    root = Path(model_dir).resolve()
     weights = sorted(root.glob("*.safetensors")) + sorted(root.glob("*.bin"))
     stamp = json.dumps([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in weights])
-    cache = root / ".eagle3_fingerprint.json"
+    key = hashlib.sha256(str(root).encode()).hexdigest()[:24]
+    cache = storage.cache_dir() / "fingerprints" / f"{key}.json"
     try:
         cached = json.loads(cache.read_text())
         if cached["stamp"] == stamp:
@@ -212,9 +215,10 @@ def model_fingerprint(model_dir: str) -> str:
         pass
     fp = fingerprint_files([root / "config.json", *weights])[:16]
     try:
-        cache.write_text(json.dumps({"stamp": stamp, "fingerprint": fp}))
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        storage.write_json(str(cache), {"folder": str(root), "stamp": stamp, "fingerprint": fp})
     except OSError:
-        pass  # read-only model directory: recompute next time
+        pass  # an unwritable cache: recompute next time
     return fp
 
 
