@@ -104,9 +104,12 @@ class RegenerateConfig:
             object.__setattr__(self, "datasets", (self.datasets,))
 
     def settings(self) -> dict[str, Any]:
-        """What each output record says it was made with (these enter the tokenize fingerprint)."""
-        return {"backend": self.backend, "model": self.model, "temperature": self.temperature,
-                "top_p": self.top_p, "max_tokens": self.max_tokens, "seed": self.seed}
+        """What each output record says it was made with (these enter the tokenize fingerprint). The seed only
+        when sampling: greedy answers do not depend on it, and the run's seed also orders the merge and the
+        training, so changing it must not demand a new regeneration."""
+        made_with = {"backend": self.backend, "model": self.model, "temperature": self.temperature,
+                     "top_p": self.top_p, "max_tokens": self.max_tokens}
+        return {**made_with, "seed": self.seed} if self.temperature > 0 else made_with
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         return (prompt_tokens * self.price_prompt_per_m + completion_tokens * self.price_completion_per_m) / 1e6

@@ -180,3 +180,16 @@ def test_regenerated_source_is_where_the_stage_writes(tmp_path, fake_server):
     stats = regenerate(cfg(manifest, regenerated_dir(str(tmp_path / "root")), server))["datasets"]["chat"]
     assert stats["output"] == regenerated_source(str(tmp_path / "root"), "chat")
     assert read_jsonl(regenerated_source(str(tmp_path / "root"), "chat"))[0]["id"]
+
+
+def test_a_new_seed_keeps_greedy_answers_but_not_sampled_ones(tmp_path, fake_server):
+    """The run's seed also orders the merge and the training: changing it must not demand a new greedy
+    regeneration, whose answers do not depend on it; sampled answers do."""
+    server = fake_server()
+    manifest = write_dataset(tmp_path, conversations(2, turns=1))
+    regenerate(cfg(manifest, tmp_path / "out", server, seed=1))
+    again = regenerate(cfg(manifest, tmp_path / "out", server, seed=2))["datasets"]["chat"]
+    assert again["resumed"] == 2 and again["this_run"]["requests"] == 0
+    regenerate(cfg(manifest, tmp_path / "sampled", server, seed=1, temperature=0.7))
+    with pytest.raises(InputError, match=r"seed=1; this run asks for seed=2"):
+        regenerate(cfg(manifest, tmp_path / "sampled", server, seed=2, temperature=0.7))
