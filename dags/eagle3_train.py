@@ -216,6 +216,16 @@ EVALUATE_SETTINGS = {
     "max_new_tokens": "{{ params.max_new_tokens }}", "precision": "{{ params.precision }}"}
 
 
+def plan_result(found: dict) -> dict:
+    """discover's result as its XCom holds it, or from its file when it was too large for XCom (many shards or
+    datasets: Eagle3StageOperator keeps the XCom small)."""
+    if "result_file" in found:
+        from eagle3 import storage
+
+        return storage.read_json(found["result_file"])
+    return found
+
+
 def layer_ids(text: str | None) -> list[int] | None:
     """The aux_layers Param (comma-separated ids, or empty) as the Configs' list."""
     return [int(i) for i in text.split(",")] if text and text.strip() else None
@@ -250,15 +260,15 @@ def eagle3_train():
         # Mapped tasks expand over a whole XCom value, never over one key of it: one list each.
         @task(task_id="regenerate")
         def regenerate_list(found: dict) -> list:
-            return found["regenerate"]
+            return plan_result(found)["regenerate"]
 
         @task(task_id="tokenize")
         def tokenize_list(found: dict) -> list:
-            return found["tokenize"]
+            return plan_result(found)["tokenize"]
 
         @task(task_id="extract")
         def extract_list(found: dict) -> list:
-            return found["extract"]
+            return plan_result(found)["extract"]
 
         to_regenerate, to_tokenize, to_extract = (f(plan.output) for f in (regenerate_list, tokenize_list,
                                                                               extract_list))

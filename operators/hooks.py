@@ -25,6 +25,17 @@ def _connection(conn_id: str | None):
         return None
 
 
+def s3_settings(conn):
+    """eagle3.storage.S3Settings of an aws-type connection (None: no connection, boto3's own settings)."""
+    if conn is None:
+        return None
+    from eagle3.storage import S3Settings
+
+    extra = conn.extra_dejson or {}
+    return S3Settings(endpoint_url=extra.get("endpoint_url") or None, access_key=conn.login or None,
+                      secret_key=conn.password or None, region=extra.get("region_name") or None)
+
+
 class Eagle3StorageHook(BaseHook):
     """S3 settings for ``s3://`` artifact paths. A missing connection means: use what boto3 finds itself.
 
@@ -43,14 +54,7 @@ class Eagle3StorageHook(BaseHook):
     @cached_property
     def settings(self):
         """eagle3.storage.S3Settings, or None when the connection does not exist."""
-        from eagle3.storage import S3Settings
-
-        conn = _connection(self.conn_id)
-        if conn is None:
-            return None
-        extra = conn.extra_dejson or {}
-        return S3Settings(endpoint_url=extra.get("endpoint_url") or None, access_key=conn.login or None,
-                          secret_key=conn.password or None, region=extra.get("region_name") or None)
+        return s3_settings(_connection(self.conn_id))
 
     def child_env(self) -> dict[str, str]:
         return self.settings.env() if self.settings is not None else {}

@@ -74,6 +74,10 @@ class OutcomeOperator(BaseOperator):
         from eagle3.layout import RunLayout
         from eagle3.report import failures
 
+        from eagle3 import storage
+        from operators.hooks import Eagle3StorageHook
+
+        storage.configure_s3(Eagle3StorageHook().settings)  # an s3 root's error files, as the tasks wrote them
         states = run_task_states(context)
         errors = failures.read(RunLayout(self.root, context["dag"].dag_id, context["run_id"]))
         lines = describe(states, errors)

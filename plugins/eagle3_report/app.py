@@ -81,12 +81,28 @@ def run_info(dag_id: str, run_id: str) -> dict:
             "tasks": tasks if found else None}
 
 
+def configure_storage() -> None:
+    """The eagle3_s3 connection's settings for s3:// run folders, as the tasks read and wrote them (none, or an
+    unreadable connection: boto3's own settings)."""
+    try:
+        from airflow.models.connection import Connection
+
+        from operators.hooks import Eagle3StorageHook, s3_settings
+
+        conn = Connection.get_connection_from_secrets(Eagle3StorageHook.default_conn_name)
+    except Exception as e:  # not defined (AirflowNotFoundException), or the secrets backend failed
+        log.debug("no %s connection for the report tab: %s", "eagle3_s3", e)
+        return
+    storage.configure_s3(s3_settings(conn))
+
+
 def run_storage_root(dag_id: str, run_id: str) -> str | None:
     """The run's `storage_root` param, when it was triggered with one (conf); None means the default root."""
     return run_info(dag_id, run_id)["root"]
 
 
 def _load(dag_id: str, run_id: str) -> dict:
+    configure_storage()
     try:
         info = run_info(dag_id, run_id)
         return run_files.load_run(dag_id, run_id, root=info["root"], tasks=info["tasks"], state=info["state"])
@@ -110,6 +126,7 @@ def report_data(dag_id: str, run_id: str) -> JSONResponse:
 @app.get("/runs/{dag_id}/{run_id}/files/{folder}/{name}")
 def report_file(dag_id: str, run_id: str, folder: str, name: str) -> Response:
     """A plot or report file of the run (only flat .png/.html/.json files of the served folders)."""
+    configure_storage()
     try:
         run_files.check_id("run_id", run_id)
         uri, media_type = run_files.file_uri(dag_id, run_id, folder, name, root=run_storage_root(dag_id, run_id))

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from eagle3 import layout, storage
-from eagle3.layout import ROOT_ENV, RUN_SUMMARY_SCHEMA, RunLayout, check_id, default_root
+from eagle3 import storage
+from eagle3.layout import ROOT_ENV, RUN_REPORT, RUN_SUMMARY_SCHEMA, RunLayout, check_id, default_root
 from eagle3.report.collect import list_files, read_json
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def load_run(dag_id: str, run_id: str, root: str | None = None, tasks: list[dict
     # The tasks' results as they are now (summaries/), else as the report task saw them (run_summary.json).
     results = task_results(layout.summaries) or summary.get("tasks") or {}
     content = collect(paths, results, status)
-    report = read_json(storage.join(paths["report"], layout.RUN_REPORT))
+    report = read_json(storage.join(paths["report"], RUN_REPORT))
     files = served_files(paths)
     return {
         **empty, **content, "found": True, "reused": reuse_lines(content["reuse"]),

@@ -413,3 +413,17 @@ def test_the_run_confs_the_docs_show_are_valid_params(dag):
             params.validate()
             checked += 1
     assert checked >= 1
+
+
+def test_the_plan_lists_read_a_result_too_large_for_xcom_from_its_file(dag, tmp_path):
+    """Eagle3StageOperator puts a result over its XCom limit in a file (~740 extract shards, or ~110 regenerated
+    datasets on s3): the three lists the mapped tasks expand over read it from there."""
+    from eagle3 import storage
+
+    found = {"regenerate": [{"datasets": ["a"]}], "tokenize": [{"dataset": "a", "source_override": None}],
+             "extract": [{"shard": f"{i}/900"} for i in range(900)]}
+    storage.write_json(str(tmp_path / "plan.json"), found)
+    spilled = {"result_file": str(tmp_path / "plan.json"), "bytes": 30000}
+    for name in ("regenerate", "tokenize", "extract"):
+        callable_ = dag.get_task(f"discover.{name}").python_callable
+        assert callable_(spilled) == found[name] == callable_(found)

@@ -105,6 +105,30 @@ class TestLoadRun:
         assert storage.read_bytes(uri)[:8] == b"\x89PNG\r\n\x1a\n" and media == "image/png"
 
 
+    def test_an_s3_run_reads_through_the_eagle3_s3_connection(self, tmp_path, s3_bucket, s3_endpoint, monkeypatch):
+        """Where the endpoint and keys live only in the eagle3_s3 connection (as README says to set them), the
+        tab reads an s3 run through it, as the tasks that wrote it did."""
+        from eagle3 import storage
+
+        local = tmp_path / "a"
+        write_run(local)
+        root = f"{s3_bucket}/artifacts"
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            storage.put_file(path, storage.join(root, str(path.relative_to(local))))
+        for name in ("EAGLE3_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.delenv(name, raising=False)
+        storage.reset_client()
+        assert run_files.load_run(DAG_ID, RUN_ID, root=root)["verify"] is None  # not without the connection
+        monkeypatch.setenv("AIRFLOW_CONN_EAGLE3_S3", json.dumps({
+            "conn_type": "aws", "login": "testing", "password": "testing",
+            "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}))
+        monkeypatch.setattr(report_app, "run_info", lambda dag_id, run_id: {"root": root, "state": None,
+                                                                            "tasks": None})
+        try:
+            assert report_app._load(DAG_ID, RUN_ID)["verify"]["passed"] is False
+        finally:
+            storage.configure_s3(None)
+
     def test_unreachable_bucket_degrades_to_placeholders(self, s3_endpoint):
         """An S3 error (here: no such bucket) is logged and the sections show as missing, not a 500."""
         loaded = run_files.load_run(DAG_ID, RUN_ID, root="s3://no-such-bucket-eagle3/artifacts")
