@@ -151,12 +151,19 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
                          storage_option=cfg.storage_option, task=task, precision=cap.precision.to_dict(),
                          engine=engine).open()
     st.sweep_tmp(writer.uri)  # leftovers of killed runs (never a live task's)
-    budget = cfg.token_budget
+    budget, here = cfg.token_budget, device_identity(device)
     if st.exists(writer.adapt_path()):
-        adapted = int(st.read_json(writer.adapt_path())["token_budget"])
-        if adapted < budget:
+        adapt = st.read_json(writer.adapt_path())
+        adapted = int(adapt["token_budget"])
+        # An OOM's halving holds for the budget asked and the device it ran out on; another device (a retry on
+        # a larger GPU) or another asked budget (the user's own choice) starts from what is asked.
+        same = adapt.get("asked", budget) == budget and adapt.get("device", here) == here
+        if adapted < budget and same:
             log.info("token budget %d from %s (after an out-of-memory), not %d", adapted, writer.adapt_path(), budget)
             budget = adapted
+        elif adapted < budget:
+            log.info("%s halved budget %s to %d on %s; this task asks %d on %s: taken as asked",
+                     writer.adapt_path(), adapt.get("asked"), adapted, adapt.get("device"), budget, here)
     repairs = _repair_plan(writer, mine, budget)
     done = writer.done_ids()  # a repaired shard's samples too: they are rewritten in place, not added
     todo = order([s for s in mine if s.id not in done])
@@ -208,7 +215,7 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
                     raise
                 halved = halved_budget(budget, longest, "merge with a smaller --max-seq-len, or extract with "
                                        "--engine vllm or sglang and tensor parallelism (docs/extract.md)")
-                _persist_halved_budget(writer.adapt_path(), halved, budget, batch, e)
+                _persist_halved_budget(writer.adapt_path(), halved, budget, batch, e, cfg.token_budget, here)
                 raise GpuOutOfMemory(
                     f"out of memory on a batch of {len(batch)}x{max(lengths_of(batch))} tokens at budget {budget}; "
                     f"budget {halved} saved in {writer.adapt_path()}, re-run to resume") from e
@@ -278,6 +285,17 @@ def _estimate(cfg: ExtractConfig, tokens: int, samples: int, bpt: int, measured_
     return est
 
 
-def _persist_halved_budget(path: str, halved: int, budget: int, batch: list[Sample], err: BaseException) -> None:
-    st.write_json(path, {"token_budget": halved, "previous_token_budget": budget,
+def _persist_halved_budget(path: str, halved: int, budget: int, batch: list[Sample], err: BaseException,
+                           asked: int, device: str) -> None:
+    st.write_json(path, {"token_budget": halved, "previous_token_budget": budget, "asked": asked, "device": device,
                          "failed_batch": f"{len(batch)}x{max(lengths_of(batch))}", "error": str(err)[:300]})
+
+
+def device_identity(device: str) -> str:
+    """What an out-of-memory budget is kept for: the GPU's name and memory, or "cpu"."""
+    import torch
+
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return "cpu"
+    props = torch.cuda.get_device_properties(torch.device(device))
+    return f"{props.name} {props.total_memory / 2**30:.0f} GiB"

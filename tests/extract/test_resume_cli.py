@@ -93,8 +93,15 @@ def test_oom_exits_75_then_retry_uses_the_halved_budget(tmp_path, tiny_llama_dir
     first = run_cli(_oom_args(merged, tiny_llama_dir, tmp_path / "s"), EAGLE3_INJECT_OOM_ABOVE_TOKENS=200)
     assert first.returncode == 75, first.stderr
     assert "out of memory" in first.stderr
-    adapt = json.loads(next((tmp_path / "s").glob("*/adapt-0of1.json")).read_text())
+    adapt_file = next((tmp_path / "s").glob("*/adapt-0of1.json"))
+    adapt = json.loads(adapt_file.read_text())
     assert adapt["token_budget"] == 128 and adapt["previous_token_budget"] == 256
+    assert adapt["asked"] == 256 and adapt["device"] == "cpu"
+    # kept for this budget on this device only: a retry on another device starts from the budget asked
+    adapt_file.write_text(json.dumps({**adapt, "device": "NVIDIA H200 140 GiB"}))
+    elsewhere = run_cli(_oom_args(merged, tiny_llama_dir, tmp_path / "s"), EAGLE3_INJECT_OOM_ABOVE_TOKENS=200)
+    assert elsewhere.returncode == 75 and "taken as asked" in elsewhere.stderr, elsewhere.stderr[-2000:]
+    assert json.loads(adapt_file.read_text())["device"] == "cpu"  # and the halving is recorded for this one
 
     second = run_cli(_oom_args(merged, tiny_llama_dir, tmp_path / "s"), EAGLE3_INJECT_OOM_ABOVE_TOKENS=200)
     assert second.returncode == 0, second.stderr
