@@ -429,9 +429,12 @@ def get_file(uri: str | os.PathLike, local_path: str | os.PathLike) -> None:
     Path(local_path).parent.mkdir(parents=True, exist_ok=True)
     if is_s3(uri):
         bucket, key = split_s3(uri)
-        tmp = local_path + ".part"
-        _client().download_file(bucket, key, tmp)
-        os.replace(tmp, local_path)
+        tmp = _unique_tmp(Path(local_path))  # tasks on one host may fetch the same object at once
+        try:
+            _client().download_file(bucket, key, str(tmp))
+            os.replace(tmp, local_path)
+        finally:
+            tmp.unlink(missing_ok=True)
     else:
         shutil.copyfile(uri, local_path)
 
@@ -513,38 +516,50 @@ def staged_dir(uri: str | os.PathLike) -> Iterator[Path]:
         yield tmp
 
 
-def local_dir(uri: str | os.PathLike) -> str:
-    """A local copy of a whole directory (S3 prefixes are mirrored into the cache).
+def _unique_tmp(dest: Path) -> Path:
+    """A temporary name next to ``dest`` that no other process or thread uses (:func:`tmp_prefix`)."""
+    import uuid
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return dest.with_name(f"{tmp_prefix(dest.name)}{uuid.uuid4().hex[:12]}{TMP_SUFFIX}")
+
+
+def local_dir(uri: str | os.PathLike, only: tuple[str, ...] | None = None) -> str:
+    """A local copy of a whole directory (S3 prefixes are mirrored into the cache); ``only``: just these
+    top-level file names (those the prefix has), in a mirror of their own (a tokenizer without the weights).
 
     Each file is copied from its ETag-keyed `local_path`, and the mirror remembers which object version
     each of its files is (``<mirror>.etags.json``): a re-uploaded object is copied again even when its size
     did not change (a re-exported draft of the same shapes), and a file no longer under the prefix leaves
-    the mirror, so a reader never sees a stale or a deleted file."""
+    the mirror, so a reader never sees a stale or a deleted file. Tasks on one host may mirror the same prefix
+    at once: every file and the index are published by rename from names of their own."""
     uri = str(uri)
     if not is_s3(uri):
         return uri
     bucket, key = split_s3(uri)
     root = cache_dir() / "s3dirs" / bucket / key.strip("/")
+    if only is not None:
+        root = root.with_name(root.name + "@" + sha256_bytes("\n".join(sorted(only)).encode())[:12])
     index_path = root.with_name(root.name + ".etags.json")
     try:
         index = json.loads(index_path.read_text())
     except (OSError, ValueError):
         index = {}
-    names = list_files(uri)
+    names = [n for n in list_files(uri) if only is None or n in only]
     current = {}
     for name in names:
         src = local_path(join(uri, name))  # its file name carries the object's ETag
         dest = root / name
         if index.get(name) != os.path.basename(src) or not dest.exists():
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(dest.name + TMP_SUFFIX)
+            tmp = _unique_tmp(dest)
             shutil.copyfile(src, tmp)
             os.replace(tmp, dest)
         current[name] = os.path.basename(src)
     if root.exists():
         for path in root.rglob("*"):
             if path.is_file() and not path.name.endswith(TMP_SUFFIX) and str(path.relative_to(root)) not in current:
-                path.unlink()
-    index_path.parent.mkdir(parents=True, exist_ok=True)
-    index_path.write_text(json.dumps(current, sort_keys=True))
+                path.unlink(missing_ok=True)
+    tmp = _unique_tmp(index_path)
+    tmp.write_text(json.dumps(current, sort_keys=True))
+    os.replace(tmp, index_path)
     return str(root)

@@ -190,6 +190,20 @@ def fingerprint_files(paths: list[Path], extra: str = "") -> str:
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 """A model directory's tokenizer and chat template (what the tokenizer fingerprint hashes)."""
+TOKENIZER_FOLDER = (*TOKENIZER_FILES, "config.json", "generation_config.json", "tokenizer.model", "vocab.json",
+                    "merges.txt", "added_tokens.json")
+"""What a stage that only tokenizes needs of a model folder (`resolve_tokenizer`): never its weights."""
+
+
+def resolve_tokenizer(name: str) -> str:
+    """A local folder holding a target's tokenizer files and config.json: the model's own folder, except for
+    an s3 prefix, of which only those files are fetched (tokenize runs on CPU workers: a 1 TB target's weights
+    have no business there)."""
+    if storage.is_s3(name):
+        if not storage.exists(storage.join(name, "config.json")):
+            raise InputError(f"model {name!r}: no config.json under that s3 prefix")
+        return storage.local_dir(name, only=TOKENIZER_FOLDER)
+    return resolve_model(name)
 
 
 def tokenizer_fingerprint(model_dir: str) -> str:
@@ -278,7 +292,7 @@ def resolve_aux_layers(aux_layers: list[int] | None, num_layers: int, model: str
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model(name))
+    return AutoTokenizer.from_pretrained(resolve_tokenizer(name))
 
 
 def load_model(name: str, device: str = "cpu", precision: str = "auto"):

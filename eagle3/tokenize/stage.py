@@ -304,7 +304,7 @@ def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
     if not storage.exists(cfg.source):
         raise InputError("source file does not exist; check the manifest's source path", file=cfg.source)
     local = storage.local_path(cfg.source)
-    tok_dir = target.resolve_model(cfg.tokenizer)
+    tok_dir = target.resolve_tokenizer(cfg.tokenizer)
     fp_inputs = fingerprint_inputs(cfg, storage.sha256_file(local), tok_dir)
     fingerprint = hashlib.sha256(json.dumps(fp_inputs, sort_keys=True).encode()).hexdigest()[:32]
 

@@ -328,3 +328,39 @@ def test_a_dataset_whose_every_record_is_refused_points_at_the_format(tmp_path, 
     src = write_jsonl(tmp_path / "a.jsonl", sharegpt)
     with pytest.raises(InputError, match=r"no record was accepted: check that the manifest's format \('messages'\)"):
         tokenize_dataset(config(tmp_path, src, chatml_dir))
+
+
+def test_an_s3_target_is_tokenized_without_fetching_its_weights(tmp_path, chatml_dir, s3_bucket, monkeypatch):
+    """tokenize runs on CPU workers: of an s3 model prefix it fetches the tokenizer files and config.json only,
+    and tokenizes as from the local folder."""
+    from pathlib import Path
+
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    prefix = f"{s3_bucket}/models/chatml"
+    for f in Path(chatml_dir).iterdir():
+        if f.is_file():
+            storage.put_file(f, f"{prefix}/{f.name}")
+    storage.write_bytes(f"{prefix}/model.safetensors", b"weights that tokenize must not fetch")
+    src = write_jsonl(tmp_path / "a.jsonl", [conv(i) for i in range(4)])
+    from_s3 = tokenize_dataset(config(tmp_path / "s3", src, prefix))
+    local = tokenize_dataset(config(tmp_path / "local", src, chatml_dir))
+    assert from_s3["samples"] == local["samples"] == 4 and from_s3["fingerprint"] == local["fingerprint"]
+    fetched = [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert "config.json" in " ".join(fetched) and not any("model.safetensors" in n for n in fetched), fetched
+
+
+def test_tasks_mirroring_one_prefix_at_once_all_get_it_whole(tmp_path, s3_bucket, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    prefix = f"{s3_bucket}/models/m"
+    files = {f"f{i}.bin": bytes([i]) * 200_000 for i in range(6)}
+    for name, data in files.items():
+        storage.write_bytes(f"{prefix}/{name}", data)
+    with ThreadPoolExecutor(8) as pool:
+        roots = list(pool.map(lambda _: storage.local_dir(prefix), range(8)))
+    assert len(set(roots)) == 1
+    from pathlib import Path
+
+    assert {p.name: p.read_bytes() for p in Path(roots[0]).iterdir()} == files
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.name.endswith((".tmp", ".part"))]
