@@ -285,7 +285,9 @@ def parse_messages(obj: Any, fmt: str, line: int) -> Conversation:
     if isinstance(raw, str):  # Parquet files often hold the list as a JSON string
         raw = _loads(raw, MALFORMED_JSON, f"{key} (a string holding JSON)")
     if not isinstance(raw, list) or not raw:
-        raise Reject(NO_MESSAGES, f"key {key!r} missing or empty")
+        hint = ("; it has 'conversations': is the manifest's format sharegpt?" if fmt == "messages"
+                and obj.get("conversations") else "")
+        raise Reject(NO_MESSAGES, f"key {key!r} missing or empty{hint}")
     messages = [_message(_drop_none(m), i, fmt) for i, m in enumerate(raw)]
     tools = obj.get("tools")
     if isinstance(tools, str):

@@ -180,6 +180,13 @@ def _write(out: str, paths: dict[str, str | None], *, title: str, status: dict |
     return report
 
 
+def _runs(root: str, dag_id: str) -> list[str]:
+    """The run ids that have a folder under ``root`` for ``dag_id`` (newest names last)."""
+    from eagle3.layout import runs
+
+    return sorted({name.split("/", 1)[0] for name in storage.list_files(runs(root, dag_id))})
+
+
 def run(cfg) -> dict[str, Any]:
     """The run's report folder from the layout's stage outputs, and run_summary.json (RUN_SUMMARY_SCHEMA)."""
     from eagle3.report import failures
@@ -188,6 +195,9 @@ def run(cfg) -> dict[str, Any]:
 
     layout = RunLayout(cfg.root, cfg.dag_id, cfg.run_id)
     paths = layout.paths()
+    if not storage.list_files(layout.dir):  # a typo in root, dag id or run id reads as an empty run
+        log.warning("%s holds nothing of a run: the report will be empty; check --root, --dag-id and --run-id "
+                    "(runs there: %s)", layout.dir, ", ".join(_runs(cfg.root, cfg.dag_id)[:5]) or "none")
     states = None if cfg.task_states is None else list(cfg.task_states)
     status = run_status(states, failures.read(layout))
     tasks = task_results(layout.summaries)

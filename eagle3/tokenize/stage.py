@@ -347,8 +347,10 @@ def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
         if parquet.samples == 0 or share > cfg.max_reject_share:
             _publish(tmp, out_dir, ("rejects.jsonl",))
             top = ", ".join(f"{reason}: {n}" for reason, n in reasons.most_common(3)) or "none"
-            fix = (f"no record was accepted: check that the manifest's format ({cfg.format!r}) is the file's"
-                   if parquet.samples == 0 else "fix the input or raise --max-reject-share")
+            first = rejects[0].get("detail", "") if rejects else ""
+            fix = (f"no record was accepted: check that the manifest's format ({cfg.format!r}) is the file's "
+                   f"(line {rejects[0].get('line')}: {first})" if parquet.samples == 0 and rejects else
+                   "fix the input or raise --max-reject-share")
             raise InputError(
                 f"dataset {cfg.name!r}: {len(rejects)} of {considered} records refused ({share:.1%}), above "
                 f"max_reject_share {cfg.max_reject_share:.1%}; top reasons: {top}. Each is listed with its line in "

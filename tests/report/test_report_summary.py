@@ -68,3 +68,17 @@ def test_the_report_page_shows_how_much_of_each_sets_answers_the_draft_vocab_hol
                                          "draft_vocab_size": 2048}
     html = render_html({"title": "run", "created_at": "2026-12-05T00:00:00Z", "acceptance": acceptance(ev)}, {})
     assert "holds the target&#x27;s answer tokens: 65.0% on chat; no draft step" in html
+
+
+def test_a_report_of_a_run_folder_that_is_not_there_says_so_and_names_the_runs(tmp_path, caplog):
+    """A typo in --root, --dag-id or --run-id reads as an empty run: the report warns, naming the runs there."""
+    import logging
+
+    from eagle3.report import ReportConfig, report
+
+    (tmp_path / "runs" / "d" / "manual__1" / "summaries").mkdir(parents=True)
+    (tmp_path / "runs" / "d" / "manual__1" / "summaries" / "plan.json").write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="eagle3.report.stage"):
+        report(ReportConfig(root=str(tmp_path), dag_id="d", run_id="manual__2"))
+    assert any("runs/d/manual__2 holds nothing of a run" in r.getMessage() and "(runs there: manual__1)"
+               in r.getMessage() for r in caplog.records)

@@ -326,7 +326,8 @@ def test_rejects_under_the_threshold_are_a_warning_naming_the_file(tmp_path, cha
 def test_a_dataset_whose_every_record_is_refused_points_at_the_format(tmp_path, chatml_dir):
     sharegpt = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}] * 3
     src = write_jsonl(tmp_path / "a.jsonl", sharegpt)
-    with pytest.raises(InputError, match=r"no record was accepted: check that the manifest's format \('messages'\)"):
+    with pytest.raises(InputError, match=r"no record was accepted: check that the manifest's format \('messages'\) "
+                                         r".*line 1: .*it has 'conversations': is the manifest's format sharegpt\?"):
         tokenize_dataset(config(tmp_path, src, chatml_dir))
 
 
