@@ -64,7 +64,6 @@ def discover(cfg: DiscoverConfig) -> dict:
     return {"regenerate": regenerate, "tokenize": tokenize, "extract": shards}
 
 
-
 def preflight(settings: dict[str, Any], datasets: list[str]) -> None:
     """An InputError for the first setting of ``settings`` (DiscoverConfig.preflight) that a later stage of the
     run would refuse; ``datasets`` are the manifest's names."""
