@@ -37,20 +37,23 @@ def test_a_near_tie_within_the_measured_rounding_is_a_tie_flip():
 def test_the_verdict_texts_and_a_stop_difference():
     calls = []
 
-    def rescore(prefix):
+    def rescore(prefix, positions=1):
         calls.append(prefix)
+        if prefix == [7, 8, 1, 1]:  # the speculative path after the flip: the target chooses its 2
+            return torch.tensor([0.0, 0.0, 3.0]), torch.tensor([0.0, 0.0, 3.0])
         return torch.tensor([2.0, 1.999, 0.0]), torch.tensor([2.0, 1.999, 0.0])
 
     exact = lossless.judge({"id": "a"}, [7, 8], [1, 2, 0], [1, 2, 0], "bfloat16", rescore)
     flip = lossless.judge({"id": "b"}, [7, 8], [1, 0, 2], [1, 1, 2], "bfloat16", rescore)
-    assert calls == [[7, 8, 1]]  # re-scored once, at the prefix before the first difference
+    # re-scored at the prefix before the first difference, then the speculative path after it once
+    assert calls == [[7, 8, 1], [7, 8, 1, 1]]
     assert exact["exact"] and exact["lossless"] and "mismatch" not in exact
     assert not flip["exact"] and flip["lossless"] and flip["tie_flip"]["position"] == 1
     assert lossless.verdict([exact], "bfloat16")["text"] == "exact"
     v = lossless.verdict([exact, flip], "bfloat16")
     assert v["text"] == "exact up to 1 tie flip (bf16)" and v["passed"] and v["exact_prompts"] == 1
     stopped = lossless.judge({"id": "c"}, [7], [1, 2], [1, 2, 3], "bfloat16", rescore)  # one went on after a stop
-    assert not stopped["lossless"] and stopped["mismatch"]["speculative_token"] == 3 and len(calls) == 1
+    assert not stopped["lossless"] and stopped["mismatch"]["speculative_token"] == 3 and len(calls) == 2
     failed = lossless.verdict([exact, flip, stopped], "bfloat16")
     assert failed["text"] == "FAILED" and not failed["passed"] and [f["id"] for f in failed["failed"]] == ["c"]
 
@@ -169,3 +172,46 @@ def test_a_planted_decoder_bug_fails_on_a_gpu(wide_target, tmp_path, monkeypatch
     v = report["lossless_verdict"]
     assert v["text"] == "FAILED" and not report["lossless"] and error is not None
     assert all(abs(f["margin_fp32"]) > f["tolerance"] for f in v["failed"] if "margin_fp32" in f)
+
+
+def test_the_path_after_a_tie_flip_is_checked_and_a_far_second_choice_is_no_tie():
+    """A flip hides nothing after it: the speculative tokens after a tie flip are re-scored teacher-forced, and
+    one that is not the target's choice (nor a tie of it) fails the prompt. And a tie needs both tokens near the
+    fp32 maximum, not only near each other."""
+    V = 12
+
+    def logits(best: int, second: int | None = None, gap: float = 0.001):
+        row = torch.zeros(V)
+        row[best] = 5.0
+        if second is not None:
+            row[second] = 5.0 - gap
+        return row
+
+    # prompt [7], baseline [1, 2, 3, 4], speculative [1, 9, 5, 6]: a near-tie 2/9 at position 1; after it the
+    # target (teacher-forced on the speculative path) chooses 5 then 8, but the speculative output has 6.
+    def rescore(prefix, positions=1):
+        if positions == 1:
+            return logits(2, 9), logits(9, 2)
+        after = torch.stack([logits(5), logits(8)])  # predictions for positions 2 and 3
+        return after, after
+
+    bad = lossless.judge({"id": "late"}, [7], [1, 2, 3, 4], [1, 9, 5, 6], "bfloat16", rescore)
+    assert not bad["lossless"] and "tie_flip" not in bad
+    assert bad["mismatch"]["position"] == 3 and bad["mismatch"]["after_tie_flip_at"] == 1
+    assert bad["mismatch"]["baseline_token"] == 8 and bad["mismatch"]["speculative_token"] == 6
+    from eagle3.evaluate.gate import mismatches
+
+    assert "not the target's choice at generated position 3 after a tie flip at 1" in mismatches({"prompts": [bad]})[0]
+
+    def rescore_ok(prefix, positions=1):
+        if positions == 1:
+            return logits(2, 9), logits(9, 2)
+        after = torch.stack([logits(5), logits(8, 6)])  # 6 is a near-tie of the target's 8: a second flip
+        return after, after
+
+    good = lossless.judge({"id": "ok"}, [7], [1, 2, 3, 4], [1, 9, 5, 6], "bfloat16", rescore_ok)
+    assert good["lossless"] and good["tie_flip"]["checked_after"] == 2 and good["tie_flip"]["ties_after"] == 1
+
+    # tokens 0.02 apart but both 1.0 below the fp32 maximum: neither run's greedy choice, so no tie
+    far = torch.tensor([6.0, 5.0, 4.98, 0.0])
+    assert not lossless.classify(far, far + torch.tensor([0.0, 0.0, 0.03, 0.0]), 1, 2, "bfloat16")["tie"]
