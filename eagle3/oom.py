@@ -21,19 +21,22 @@ INJECT_ENV = "EAGLE3_INJECT_OOM_ABOVE_TOKENS"
 
 
 def halved_budget(tokens: int, longest_sample: int, fix: str) -> int:
-    """The token budget after an out-of-memory at ``tokens``; refuses (InputError, not retried) to go below
-    one sample of ``longest_sample`` tokens. ``fix`` says what would help instead."""
-    if tokens // 2 < max(longest_sample, 1):
-        raise InputError(f"out of memory with a budget of {tokens} tokens, and halving it would go below the "
-                         f"longest sample ({longest_sample} tokens); {fix}")
-    return tokens // 2
+    """The token budget after an out-of-memory at ``tokens``: half of it, or one sample of ``longest_sample``
+    tokens where half would not hold one (12K with 8K samples: 8K). At one such sample already it refuses
+    (InputError, not retried): a smaller budget cannot help. ``fix`` says what would help instead."""
+    one = max(longest_sample, 1)
+    if tokens <= one:
+        raise InputError(f"out of memory with a budget of {tokens} tokens, which holds just the longest sample "
+                         f"({longest_sample} tokens): a smaller budget cannot help; {fix}")
+    return max(tokens // 2, one)
 
 
 def halve(micro_batch_tokens: int, grad_accum: int, longest_sample: int) -> tuple[int, int]:
-    """Training's next (micro_batch_tokens, grad_accum) after an OOM: the same product."""
+    """Training's next (micro_batch_tokens, grad_accum) after an OOM: about the same product (the effective batch
+    itself is the saved global_tokens, whatever the accumulation says)."""
     micro = halved_budget(micro_batch_tokens, longest_sample,
                           "merge with a smaller --max-seq-len, checkpoint the TTT steps, or use a bigger GPU")
-    return micro, grad_accum * 2
+    return micro, -(-micro_batch_tokens * grad_accum // micro)
 
 
 def inject_limit() -> int | None:

@@ -41,7 +41,7 @@ from itertools import islice, tee
 from typing import Iterable
 
 from eagle3.train.config import (BUDGET_DRIFT, BUDGET_PROBE_STEPS, BUDGET_REFIT_SHARE, BUDGET_REFIT_STEPS, TrainConfig,
-                                  warmup_steps)
+                                  warmup_length, warmup_steps)
 
 EVAL_COST_PER_TOKEN = 1 / 3  # an evaluation runs the TTT forward only: about a third of a training step
 
@@ -112,7 +112,8 @@ class TimeBudget:
     seconds: float
     """The budget (`budget_seconds`: TrainConfig.train_time_budget, or longer to meet train_deadline)."""
     warmup: int
-    """Warm-up steps, fixed at the start."""
+    """Warm-up steps, set at the start from the epochs-based step count, and shortened by `fix` to warmup_ratio of
+    the fixed total when that is less (a short budget would otherwise end inside its warm-up)."""
     max_steps: int = 0
     """TrainConfig.max_steps (0: no cap)."""
     eval_every: int = 0
@@ -133,6 +134,11 @@ class TimeBudget:
     cached_speedup: float = 1.0
     replayed: bool = False
     """Another run's schedule (TrainConfig.schedule_from): its total and curve, never timed."""
+    warmup_ratio: float = 0.02
+    """TrainConfig.warmup_ratio, for `fix`."""
+    spent: float = 0.0
+    """Seconds into the budget at the last recorded step, this process's and the ones before it (saved): a resumed
+    run's clock goes on from its checkpoint's, so a retry trains what is left of the budget, not all of it again."""
     _from: tuple[int, int, float] | None = None  # (step, tokens so far, elapsed) at the first timed step's start
     _tokens: int = 0
     _first_sight: float = 0.0  # seconds of the timed steps spent on first-seen samples' in-draft masks
@@ -153,15 +159,22 @@ class TimeBudget:
         # The untimed first step and the timed ones all lie inside the warm-up, whose learning rates do not
         # depend on the total: every step runs at the rate the fixed schedule gives it.
         warmup = max(warmup_steps(provisional_total, cfg), BUDGET_PROBE_STEPS + 1)
-        return cls(seconds, warmup, cfg.max_steps, cfg.eval_every)
+        return cls(seconds, warmup, cfg.max_steps, cfg.eval_every, warmup_ratio=cfg.warmup_ratio)
 
     @classmethod
-    def resume(cls, state: dict, cfg: TrainConfig) -> "TimeBudget | None":
-        """The checkpoint's budget (None when the run was not budgeted: its schedule stays epochs-based)."""
+    def resume(cls, state: dict, cfg: TrainConfig, now: float | None = None) -> "TimeBudget | None":
+        """The checkpoint's budget (None when the run was not budgeted: its schedule stays epochs-based). Its clock
+        goes on from ``spent``; with a ``train_deadline`` the budget also ends by then (a retry that waited for a
+        device must not run past the run's deadline), never below ``train_time_budget``."""
         saved = state.get("budget")
         if not saved:
             return None
-        return cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__ and not k.startswith("_")})
+        budget = cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__ and not k.startswith("_")})
+        budget._last = budget.spent
+        if cfg.train_deadline and not budget.replayed:
+            left = cfg.train_deadline - (time.time() if now is None else now)
+            budget.seconds = min(budget.seconds, max(float(cfg.train_time_budget), budget.spent + max(left, 0.0)))
+        return budget
 
     @classmethod
     def replay(cls, ckpt_dir: str) -> "TimeBudget":
@@ -192,6 +205,7 @@ class TimeBudget:
     def record(self, step: int, tokens: int, elapsed: float) -> None:
         """After optimizer step ``step`` (1-based) of ``tokens`` real tokens, at ``elapsed`` s into the run."""
         last, self._last = self._last, elapsed
+        self.spent = elapsed
         if self.replayed:
             return
         if self.fixed:
@@ -261,6 +275,9 @@ class TimeBudget:
         n, planned = self._walk(step, future_tokens, left, eval_s, lambda i, tokens: tokens / max(
             rate_seen if cached_from is not None and i >= cached_from else rate, 1e-9))
         self.total_steps, self.fixed = step + n, True
+        # A budget that fits fewer steps than the epochs-based plan keeps warmup_ratio of them: the steps run so far
+        # (all inside the warm-up) stay where they were on the ramp.
+        self.warmup = max(min(self.warmup, warmup_length(self.total_steps, self.warmup_ratio)), BUDGET_PROBE_STEPS + 1)
         refit_from = step + (cached_from or 0)
         if cached_from and 2 * cached_from >= n:
             # Most of the run left is its first epoch (a short budget): time those steps, and price the cached

@@ -232,7 +232,12 @@ class TrainConfig:
 
 def warmup_steps(total: int, cfg: TrainConfig) -> int:
     """Linear warm-up length for a run of ``total`` steps (at least 1)."""
-    return max(1, int(round(cfg.warmup_ratio * total)))
+    return warmup_length(total, cfg.warmup_ratio)
+
+
+def warmup_length(total: int, ratio: float) -> int:
+    """``ratio`` of ``total`` steps, at least 1: the one formula of the warm-up's length."""
+    return max(1, int(round(ratio * total)))
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig, warmup: int | None = None) -> float:

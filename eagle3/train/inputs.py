@@ -135,6 +135,9 @@ def load_inputs(cfg: TrainConfig, device: str = "cpu") -> TrainInputs:
     store.check(ids)  # sha256 of every shard it reads, before the first step
     lengths = {sid: store.num_tokens(sid) for sid in ids}
     train_ids, heldout = data.heldout_split(ids, cfg.heldout_share)
+    if not train_ids:  # a few samples, all hashed into the held-out split: nothing to train on
+        raise InputError(f"all {len(ids)} samples fell into the held-out split (heldout_share {cfg.heldout_share}); "
+                         "train on more samples, or pass --heldout-share 0")
     return TrainInputs(cfg, store, target_dir, dcfg, d2t, t2d, lengths, train_ids, heldout)
 
 

@@ -351,6 +351,8 @@ class Trainer:
                             total_tokens=sum(self.lengths[s] for b in todo for s in b),
                             kept=sum(map(len, done)) if self.step else 0)
         run_tokens, t0 = 0, time.monotonic()
+        # The budget's clock: this process's seconds after those of the processes before it (a resume).
+        clock0 = self.budget.spent if self.budget is not None and not self.budget.replayed else 0.0
         last_eval = None
         if self.ckpt is not None and self.step >= self.total_steps and (self.budget is None or self.budget.fixed):
             # A finished run started again (e.g. a re-triggered task): nothing to train, no duplicate lines.
@@ -364,7 +366,7 @@ class Trainer:
         last, logged = None, -1  # the step just taken (for its line if a re-plan ends the run there), the last logged
         while self.step < self.total_steps or (self.budget is not None and not self.budget.fixed):
             if self._budget_due():
-                self._fix_budget(time.monotonic() - t0)
+                self._fix_budget(clock0 + time.monotonic() - t0)
                 planned = list(itertools.islice(self._future_batches(), max(self.total_steps - self.step, 0)))
                 progress.total_tokens = max(progress.tokens + sum(self.lengths[s] for b in planned for s in b), 1)
                 progress.total_samples = progress.samples + sum(map(len, planned))  # samples seen, epochs included
@@ -400,7 +402,7 @@ class Trainer:
             self.pos = data.Position(self.pos.epoch, self.pos.index + 1)
             tokens = sum(self.lengths[s] for s in gb)
             if self.budget is not None:
-                self.budget.record(self.step, tokens, time.monotonic() - t0)
+                self.budget.record(self.step, tokens, clock0 + time.monotonic() - t0)
             run_tokens += tokens
             progress.update(samples=len(gb), tokens=tokens)
             last = (sums, lr, grad_norm, tokens)

@@ -79,12 +79,17 @@ def _oom_args(merged, model, out, budget="256"):
 
 
 def test_oom_below_one_sample_is_refused_not_retried(tmp_path, tiny_llama_dir):
-    # 20-token samples at budget 32: half (16) cannot hold the longest sample, so no retry can help
+    # 20-token samples at budget 32: half (16) cannot hold the longest sample, so the retry gets one sample's
+    # budget (20); where even that runs out of memory, no retry can help
     merged = write_merged(tmp_path / "m", make_samples(6, seed=8, min_len=20, max_len=20))
     run = run_cli(_oom_args(merged, tiny_llama_dir, tmp_path / "s", budget="32"), EAGLE3_INJECT_OOM_ABOVE_TOKENS=10)
+    assert run.returncode == GpuOutOfMemory.EXIT_CODE, run.stderr
+    adapt = next((tmp_path / "s").glob("*/adapt-0of1.json"))
+    assert json.loads(adapt.read_text())["token_budget"] == 20
+    run = run_cli(_oom_args(merged, tiny_llama_dir, tmp_path / "s", budget="32"), EAGLE3_INJECT_OOM_ABOVE_TOKENS=10)
     assert run.returncode == InputError.EXIT_CODE != GpuOutOfMemory.EXIT_CODE, run.stderr
-    assert "halving it would go below the longest sample (20 tokens)" in run.stderr
-    assert not list((tmp_path / "s").glob("*/adapt-*.json"))  # nothing for a retry to adopt
+    assert "which holds just the longest sample (20 tokens)" in run.stderr
+    assert json.loads(adapt.read_text())["token_budget"] == 20  # nothing smaller for a retry to adopt
 
 
 def test_oom_exits_75_then_retry_uses_the_halved_budget(tmp_path, tiny_llama_dir):

@@ -112,7 +112,8 @@ def test_fix_walks_the_plan_at_the_measured_speed_hand_computed():
     assert (total, b.total_steps, b.fixed) == (5 + 7, 12, True)
     assert b.measured["tokens_per_s"] == pytest.approx(100.0)
     again = TimeBudget.resume({"budget": b.to_dict()}, cfg)
-    assert (again.fixed, again.total_steps, again.warmup) == (True, 12, 8)
+    # the warm-up shrinks to 10% of the 12 fixed steps, never below the untimed first step + the 4 timed ones
+    assert (again.fixed, again.total_steps, again.warmup) == (True, 12, BUDGET_PROBE_STEPS + 1)
     assert TimeBudget.resume({}, cfg) is None  # a checkpoint of an unbudgeted run keeps its schedule
     capped = TimeBudget.start(TrainConfig(store="s", vocab="v", out="o", train_time_budget=1e6, max_steps=9), 40)
     capped.record(1, 10, 0.0)
@@ -204,10 +205,15 @@ def test_a_resumed_budget_run_keeps_the_fixed_steps_and_the_curve(monkeypatch, t
         if int(d.name.split("-")[1]) > k:
             shutil.rmtree(d)
     (out / "latest.json").write_text(json.dumps({"step": k, "dir": f"step-{k:08d}"}))
-    # A machine 4x slower now: were the total measured again it would shrink; the checkpoint's is kept.
+    # The same machine: the checkpoint's total and curve are kept, and the budget's clock goes on from the
+    # checkpoint's (it used to start again: a retry at step k trained the whole budget once more).
     with caplog.at_level("INFO"):
-        done = _budget_run(monkeypatch, tiny_store, out, dt=0.5, save_every=1, keep=1000)
+        done = _budget_run(monkeypatch, tiny_store, out, dt=0.125, save_every=1, keep=1000)
     assert done["steps"] == ref["steps"]
+    with open(out / f"step-{k:08d}" / "train_state.json") as f:
+        spent_at_k = json.load(f)["budget"]["spent"]
+    assert 0 < spent_at_k < ref["budget"]["spent"] and done["budget"]["spent"] == pytest.approx(
+        ref["budget"]["spent"], rel=0.15)
     # Its progress names the samples of the k steps it resumed after: the reference's total less its own.
     whole = [int(m) for m in re.findall(r"train: \d+/(\d+) samples", ref_log)]
     rest = re.findall(r"train: \d+/(\d+) samples \(\+(\d+) kept from an earlier run\)", caplog.text)
@@ -270,16 +276,18 @@ def test_a_run_resumed_before_the_refit_times_its_own_steps_for_it():
     b = _probed(1000.0)
     b.fix(5, 17.0, iter([1000] * 1000), heldout_tokens=300, cached_from=2)
     again = TimeBudget.resume({"budget": b.to_dict()}, TrainConfig(store="s", vocab="v", out="o"))
-    assert (again.total_steps, again.refit_from) == (199, 7)
-    again.record(31, 1000, 3.0)  # the resumed process's first step pays set-up: the timing starts after it
+    assert (again.total_steps, again.refit_from, again.spent) == (199, 7, 17.0)
+    # The loop's clock goes on from the checkpoint's 17 s; the resumed process's first step pays set-up: the
+    # timing starts after it.
+    again.record(31, 1000, 17.0 + 3.0)
     for step in range(32, 32 + BUDGET_REFIT_STEPS):
         assert not again.refit_due(step - 1)
-        again.record(step, 1000, 3.0 + 4.0 * (step - 31))  # 250 tok/s on this machine
+        again.record(step, 1000, 17.0 + 3.0 + 4.0 * (step - 31))  # 250 tok/s on this machine
     step = 31 + BUDGET_REFIT_STEPS
     assert again.refit_due(step)
-    # 1000 - 83 - 0.4 (no evaluation timed yet: 300 held-out tokens at a third of a step's cost per token, 250
-    # tok/s) = 916.6 s: 229 steps of 4 s.
-    assert again.refit(step, 83.0, iter([1000] * 1000), heldout_tokens=300) == step + 229
+    # 1000 - (17 + 83) - 0.4 (no evaluation timed yet: 300 held-out tokens at a third of a step's cost per token,
+    # 250 tok/s) = 899.6 s: 224 steps of 4 s.
+    assert again.refit(step, 100.0, iter([1000] * 1000), heldout_tokens=300) == step + 224
     assert again.measured["refit"]["tokens_per_s"] == 250.0
 
 
@@ -548,3 +556,34 @@ def test_a_re_plan_that_ends_the_run_between_log_lines_still_logs_the_last_step(
     rows = read_metrics(str(tmp_path / "run" / "metrics.jsonl"), "train")
     assert [r["step"] for r in rows] == [10, end]
     assert f"step {end}/{end} loss" in caplog.text
+
+
+def test_a_retry_that_starts_late_still_ends_by_the_deadline_hand_computed():
+    """A retry that waited (for a device, the retry delay) goes on from its checkpoint's clock and ends by the
+    run's deadline, never below train_time_budget."""
+    b = _probed(1000.0)
+    b.fix(5, 17.0, iter([1000] * 1000), heldout_tokens=300)
+    saved = {"budget": b.to_dict()}
+    cfg = TrainConfig(store="s", vocab="v", out="o", train_time_budget=150, train_deadline=10_000.0)
+    # 17 s spent; the retry starts 300 s before the deadline: 317 s of budget, not 1000
+    assert TimeBudget.resume(saved, cfg, now=9_700.0).seconds == pytest.approx(317.0)
+    assert TimeBudget.resume(saved, cfg, now=9_990.0).seconds == pytest.approx(150.0)  # the floor
+    assert TimeBudget.resume(saved, cfg, now=8_000.0).seconds == pytest.approx(1000.0)  # never stretched
+    assert TimeBudget.resume(saved, TrainConfig(store="s", vocab="v", out="o")).seconds == 1000.0  # no deadline
+
+
+def test_a_budget_shorter_than_the_epochs_plan_leaves_its_warm_up_hand_computed():
+    """3 epochs planned 60,000 steps (warm-up 2%: 1,200) but the budget fits 360: the warm-up becomes 2% of 360
+    (7, at least the untimed first step + the 4 timed ones), so the run reaches the peak and decays; it used to end at 0.3 of the peak
+    inside its warm-up."""
+    cfg = TrainConfig(store="s", vocab="v", out="o", train_time_budget=3600.0)
+    b = TimeBudget.start(cfg, provisional_total=60_000)
+    assert b.warmup == 1200
+    b.record(1, 100, 10.0)
+    for step in range(2, 2 + BUDGET_PROBE_STEPS):
+        b.record(step, 100, 10.0 * step)  # 10 s a step
+    total = b.fix(1 + BUDGET_PROBE_STEPS, 50.0, iter([100] * 100_000), heldout_tokens=0)
+    assert total == 5 + 355 and b.warmup == round(0.02 * total) == 7
+    assert lr_at(*b.schedule_point(total - 1, total), cfg, b.warmup) == pytest.approx(cfg.lr * cfg.min_lr_ratio,
+                                                                                       rel=0.01)
+    assert TimeBudget.resume({"budget": b.to_dict()}, cfg).warmup == 7

@@ -31,5 +31,8 @@ def test_injector_raises_only_above_limit(monkeypatch):
 
 def test_halve_keeps_effective_batch_and_refuses_below_one_sample():
     assert halve(4096, 2, longest_sample=512) == (2048, 4)
-    with pytest.raises(InputError, match="max-seq-len"):
-        halve(600, 1, longest_sample=512)
+    # half of 12K would not hold an 8K sample: one sample's budget instead (it used to refuse here)
+    assert halve(12288, 1, longest_sample=8192) == (8192, 2)
+    assert halve(600, 1, longest_sample=512) == (512, 2)
+    with pytest.raises(InputError, match=r"holds just the longest sample \(512 tokens\).*max-seq-len"):
+        halve(512, 2, longest_sample=512)
