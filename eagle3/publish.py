@@ -7,10 +7,13 @@ metrics and the decision taken — and ``drafts/<entry id>/``, the published
 copies. A draft is published (copied there) only when all hold:
 
 1. its evaluation was lossless,
-2. speculation beat the baseline in tokens/s (same run, same prompts),
-3. its τ beats the best τ published before on the same benchmark: same target, headline
-   prompt set, draft steps k and max_new_tokens (τ from other benchmarks is not comparable;
-   the first draft on a benchmark only needs 1 and 2).
+2. the engines it was compared on agree on τ (a disagreement beyond what the prompts allow is a convention
+   mismatch: the draft would serve at another τ than the one measured),
+3. speculation beat the baseline in tokens/s (same run, same prompts) in the serving engines measured (vLLM,
+   SGLang), else in the headline engine: a draft is shipped to a serving engine,
+4. its τ beats the best τ published before on the same benchmark: same target, headline
+   prompt set and prompt count, draft steps k, max_new_tokens, proposer, engine and precision (τ from other
+   benchmarks is not comparable; the first draft on a benchmark only needs 1 to 3).
 
 Otherwise it is recorded with ``published: false`` and the reason. The
 decision (what was compared, and the outcome) is also written next to the
@@ -50,12 +53,22 @@ def read_registry(registry: str) -> dict:
     return doc
 
 
-BENCHMARK_FIELDS = ("target", "prompts_source", "steps", "max_new_tokens")
+BENCHMARK_FIELDS = ("target", "prompts_source", "num_prompts", "steps", "max_new_tokens", "proposer", "backend",
+                    "precision")
+SERVING = ("vllm", "sglang")
+"""The engines a draft is served by: the speed gate reads theirs when evaluate measured one."""
 
 
 def benchmark_of(report_or_entry: dict) -> dict:
-    """What a τ was measured on; two τ compare only when these are equal."""
-    return {k: report_or_entry.get(k) for k in BENCHMARK_FIELDS}
+    """What a τ was measured on; two τ compare only when these are equal (the prompt subset, a prompt lookup in
+    front of the draft, the engine and the precision all move τ). An entry of an older release lacks some:
+    None, so it is not compared."""
+    out = {k: report_or_entry.get(k) for k in BENCHMARK_FIELDS}
+    if isinstance(out["precision"], dict):  # a report's {"name", "reason", ...}
+        out["precision"] = out["precision"].get("name")
+    if out["proposer"] is None and "backend" in report_or_entry and report_or_entry.get("backend") != "transformers":
+        out["proposer"] = "draft"  # vLLM and SGLang serve the draft alone
+    return out
 
 
 def best_published(doc: dict, benchmark: dict | None = None) -> dict | None:
@@ -66,22 +79,43 @@ def best_published(doc: dict, benchmark: dict | None = None) -> dict | None:
 
 
 def _benchmark_text(b: dict) -> str:
-    return f"{b['prompts_source']}, k={b['steps']}, {b['max_new_tokens']} new tokens, target {b['target']}"
+    return (f"{b['prompts_source']} ({b.get('num_prompts')} prompts), k={b['steps']}, {b['max_new_tokens']} new "
+            f"tokens, {b.get('backend')} in {b.get('precision')}, proposer {b.get('proposer')}, target {b['target']}")
+
+
+def speeds(report: dict) -> dict[str, tuple[float, float]]:
+    """{engine: (speculative, baseline tok/s)} the speed gate reads: the serving engines evaluate measured, else
+    the headline engine."""
+    engines = report.get("engines") or {}
+    serving = {n: (f["tokens_per_s_spec"], f["tokens_per_s_base"]) for n, f in engines.items() if n in SERVING}
+    return serving or {report.get("backend") or "headline": (report["tokens_per_s_spec"], report["tokens_per_s_base"])}
 
 
 def decide(report: dict, best: dict | None) -> tuple[bool, str]:
     """(publish?, reason) for an evaluation report against the best published entry."""
-    tau, spec, base = report["acceptance_length"], report["tokens_per_s_spec"], report["tokens_per_s_base"]
+    tau = report["acceptance_length"]
     if not report["lossless"]:
         return False, "the evaluation was not lossless (speculative output differed from greedy)"
-    if not spec > base:
-        return False, f"speculation is not faster than the baseline: {spec:.2f} vs {base:.2f} tok/s"
+    for name, a in (report.get("agreement") or {}).items():
+        t = a.get("tau") or {}
+        if not t.get("agree", True):
+            iv = t.get("interval") or (None, None)
+            return False, (f"{name} and {a.get('against')} disagree on τ by {t.get('difference', 0):+.3f} "
+                           f"(interval [{iv[0]:+.3f}, {iv[1]:+.3f}] over {a.get('prompts')} prompts): a convention "
+                           "mismatch between the engines (aux layers, d2t, norms), so the draft would not serve at "
+                           "the τ measured")
+    measured = speeds(report)
+    slow = {n: v for n, v in measured.items() if not v[0] > v[1]}
+    if slow:
+        return False, "speculation is not faster than the baseline: " + "; ".join(
+            f"{n} {s:.2f} vs {b:.2f} tok/s" for n, (s, b) in slow.items())
     if best is not None and not tau > best["acceptance_length"]:
         return False, (f"τ {tau:.3f} does not beat the previous best {best['acceptance_length']:.3f} "
                        f"(entry {best['id']})")
     prev = f"is the first draft published on this benchmark ({_benchmark_text(benchmark_of(report))})" \
         if best is None else f"beats the previous best τ {best['acceptance_length']:.3f} (entry {best['id']})"
-    return True, f"τ {tau:.3f} {prev}, and speculation is faster ({spec:.2f} vs {base:.2f} tok/s)"
+    faster = "; ".join(f"{n} {s:.2f} vs {b:.2f} tok/s" for n, (s, b) in measured.items())
+    return True, f"τ {tau:.3f} {prev}, and speculation is faster ({faster})"
 
 
 def _copy_dir(src: str, dest: str) -> list[str]:
@@ -159,6 +193,8 @@ def publish(cfg: PublishConfig) -> dict[str, Any]:
         "tokens_per_s_spec": rep["tokens_per_s_spec"], "tokens_per_s_base": rep["tokens_per_s_base"],
         "speedup": rep.get("speedup"), "accept_rate_by_position": rep.get("accept_rate_by_position"),
         "sim_accept_len": rep.get("sim_accept_len"), **benchmark,
+        "engines": {n: {k: f.get(k) for k in ("tau", "speedup", "tokens_per_s_spec", "tokens_per_s_base", "precision")}
+                    for n, f in (rep.get("engines") or {}).items()},
     })
     best_now = best_published(doc, benchmark)
     doc["best"] = None if best_now is None else best_now["id"]  # on the benchmark of the latest decision

@@ -12,13 +12,15 @@ from eagle3.publish import PublishConfig, publish, read_registry
 from eagle3.errors import InputError
 
 
-def _eval(root, name, tau, spec=120.0, base=90.0, lossless=True, weights=b"w", prompts="humaneval"):
+def _eval(root, name, tau, spec=120.0, base=90.0, lossless=True, weights=b"w", prompts="humaneval", **extra):
     """An EVAL/report.json and a DRAFT folder (distinct weights per draft)."""
     report = storage.join(root, name, "eval", "report.json")
     storage.write_json(report, {"acceptance_length": tau, "lossless": lossless, "tokens_per_s_spec": spec,
                                 "tokens_per_s_base": base, "speedup": spec / base, "steps": 3,
                                 "accept_rate_by_position": [0.7, 0.6, 0.5], "prompts_source": prompts,
-                                "max_new_tokens": 64, "target": "smollm2-135m-instruct"})
+                                "max_new_tokens": 64, "target": "smollm2-135m-instruct", "num_prompts": 20,
+                                "proposer": "draft", "backend": "transformers",
+                                "precision": {"name": "float32", "reason": "test"}, **extra})
     draft = storage.join(root, name, "draft")
     storage.write_bytes(storage.join(draft, "model.safetensors"), weights + name.encode())
     storage.write_json(storage.join(draft, "config.json"), {"architectures": ["LlamaForCausalLMEagle3"]})
@@ -28,7 +30,8 @@ def _eval(root, name, tau, spec=120.0, base=90.0, lossless=True, weights=b"w", p
 def _sequence(root, registry):
     r1, d1 = _eval(root, "first", 2.1)
     first = publish(PublishConfig(r1, d1, registry, run_id="run/1"))
-    assert first["published"] and "first draft published on this benchmark (humaneval, k=3" in first["reason"]
+    assert first["published"] and ("first draft published on this benchmark (humaneval (20 prompts), k=3, 64 new "
+                                    "tokens, transformers in float32, proposer draft") in first["reason"]
     assert storage.list_files(first["location"]) == ["config.json", "model.safetensors"]
     assert storage.read_bytes(storage.join(first["location"], "model.safetensors")) == b"wfirst"
 
@@ -40,7 +43,7 @@ def _sequence(root, registry):
 
     r3, d3 = _eval(root, "slow", 3.0, spec=80.0, base=90.0)
     slow = publish(PublishConfig(r3, d3, registry))
-    assert not slow["published"] and "not faster than the baseline: 80.00 vs 90.00" in slow["reason"]
+    assert not slow["published"] and "not faster than the baseline: transformers 80.00 vs 90.00" in slow["reason"]
 
     r4, d4 = _eval(root, "lossy", 3.5, lossless=False)
     lossy = publish(PublishConfig(r4, d4, registry))
@@ -99,3 +102,44 @@ def test_tau_is_compared_only_on_the_same_benchmark(tmp_path):
     worse = publish(PublishConfig(r3, d3, registry))
     assert not worse["published"] and "does not beat the previous best 2.000" in worse["reason"]
     assert read_registry(registry)["best"] == code["entry_id"]
+
+
+def _engines(decoder: tuple[float, float], vllm: tuple[float, float]) -> dict:
+    return {"engines": {"transformers": {"tau": 2.1, "tokens_per_s_spec": decoder[0], "tokens_per_s_base": decoder[1],
+                                         "speedup": decoder[0] / decoder[1], "precision": "float32"},
+                        "vllm": {"tau": 2.1, "tokens_per_s_spec": vllm[0], "tokens_per_s_base": vllm[1],
+                                 "speedup": vllm[0] / vllm[1], "precision": "float32"}}}
+
+
+def test_the_speed_gate_reads_the_serving_engine_and_engines_that_disagree_are_refused(tmp_path):
+    """A draft is shipped to vLLM: the speed gate reads vLLM's figures where evaluate measured them (an AVX2 demo
+    ran 0.93x in the project decoder and 1.16x in vLLM and was not published). Engines that disagree on τ beyond
+    what the prompts allow are a convention mismatch: the draft would not serve at the τ measured."""
+    root, registry = str(tmp_path / "runs"), str(tmp_path / "registry")
+    r, d = _eval(root, "served", 2.1, spec=90.0, base=100.0, **_engines((90.0, 100.0), (116.0, 100.0)))
+    served = publish(PublishConfig(r, d, registry))
+    assert served["published"] and "speculation is faster (vllm 116.00 vs 100.00 tok/s)" in served["reason"]
+    entry = read_registry(registry)["entries"][-1]
+    assert entry["engines"]["vllm"]["speedup"] == pytest.approx(1.16)
+    r, d = _eval(root, "slow-in-vllm", 2.5, spec=130.0, base=100.0, **_engines((130.0, 100.0), (95.0, 100.0)))
+    assert "not faster than the baseline: vllm 95.00 vs 100.00" in publish(PublishConfig(r, d, registry))["reason"]
+    mismatch = {"vllm": {"against": "transformers", "prompts": 20, "agree": False,
+                         "tau": {"difference": -0.114, "interval": [-0.2, -0.05], "agree": False}}}
+    r, d = _eval(root, "mismatch", 2.6, agreement=mismatch, **_engines((120.0, 100.0), (130.0, 100.0)))
+    refused = publish(PublishConfig(r, d, registry))
+    assert not refused["published"]
+    assert "vllm and transformers disagree on τ by -0.114 (interval [-0.200, -0.050] over 20 prompts)" in \
+        refused["reason"]
+
+
+@pytest.mark.parametrize("changed", [{"num_prompts": 5}, {"proposer": "lookup+draft"}, {"backend": "vllm"},
+                                     {"precision": {"name": "bfloat16"}}])
+def test_tau_measured_another_way_is_not_compared(tmp_path, changed):
+    """τ moves with the prompt subset, a prompt lookup in front of the draft, the engine and the precision: a draft
+    measured another way starts a benchmark of its own instead of knocking out (or losing to) the best."""
+    root, registry = str(tmp_path / "runs"), str(tmp_path / "registry")
+    r1, d1 = _eval(root, "first", 2.5)
+    assert publish(PublishConfig(r1, d1, registry))["published"]
+    r2, d2 = _eval(root, "other", 2.0, **changed)
+    other = publish(PublishConfig(r2, d2, registry))
+    assert other["published"] and "first draft published on this benchmark" in other["reason"]
