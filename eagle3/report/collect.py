@@ -215,8 +215,8 @@ def acceptance(ev: dict | None, publish: dict | None = None, training: dict | No
         "lossless_text": lossless_text(ev), "speedup": ev.get("speedup"),
         "tokens_per_s_spec": ev.get("tokens_per_s_spec"), "tokens_per_s_base": ev.get("tokens_per_s_base"),
         "steps": ev.get("steps"), "max_new_tokens": ev.get("max_new_tokens"), "prompts": ev.get("num_prompts"),
-        "sim_accept_len": ev.get("sim_accept_len_k") or ev.get("sim_accept_len")
-        or ((training or {}).get("last_eval") or {}).get("sim_accept_len"),
+        "sim_accept_len": ev.get("sim_accept_len_k") or _offline_at_k(training, ev.get("steps"))
+        or ev.get("sim_accept_len"),
         "accept_rate_by_position": ev.get("accept_rate_by_position"), "backend": ev.get("backend"),
         "device": ev.get("device"), "precision": precision.get("name") if isinstance(precision, dict) else precision,
         "tie_flips": tie_flips(ev), "agreement": ev.get("agreement") or {},
@@ -224,6 +224,16 @@ def acceptance(ev: dict | None, publish: dict | None = None, training: dict | No
         "previous": previous if isinstance(previous, dict) else None,
         "published": publish.get("published"), "publish_reason": publish.get("reason"),
     }
+
+
+def _offline_at_k(training: dict | None, k: int | None) -> float | None:
+    """The trainer's offline estimate over the k draft steps evaluate used (a vLLM or SGLang report has none of its
+    own): the last held-out evaluation's acc_i cut to k, as the project decoder's report computes it. Over all the
+    TTT steps it would exceed the k + 1 that τ is capped at."""
+    from eagle3.acceptance import simulated_acceptance_length
+
+    acc = ((training or {}).get("last_eval") or {}).get("acc_i")
+    return simulated_acceptance_length(list(acc)[:k]) if acc and k else None
 
 
 def read_extraction(paths: Mapping[str, str | None], results: Mapping[str, Any]) -> dict | None:
