@@ -181,6 +181,11 @@ class Trainer:
             if not is_oom(e):
                 raise
             log.warning("out of memory on rank %d with micro-batch %d tokens: %s", self.dist.rank, self.micro, e)
+            if self.seq_parallel:
+                # The other ranks are inside this micro-batch's collectives (step 0's all_gather) and would never
+                # reach the flag's all_reduce: this rank, whose weights and moments are everyone's, saves alone and
+                # exits 75; torchrun then stops the others.
+                self._on_oom(alone=True)
             return sums, True
 
     def _denominators(self, batch: list[str]) -> torch.Tensor:
@@ -199,13 +204,13 @@ class Trainer:
             "finite weights; lower --lr (or check the data) and train again into a new --out", file=self.cfg.out)
 
     # -- OOM ----------------------------------------------------------------------
-    def _on_oom(self) -> None:
+    def _on_oom(self, alone: bool = False) -> None:
         self.opt.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         old = (self.micro, self.accum)
         self.micro, self.accum = halve(self.micro, self.accum, max(self.lengths.values()))
-        self.save()  # the weights are those after the last completed step
+        self.save(alone=alone)  # the weights are those after the last completed step
         raise GpuOutOfMemory(
             f"out of memory with micro-batch {old[0]} tokens x grad_accum {old[1]} at step {self.step}; saved "
             f"{self.cfg.out} with micro-batch {self.micro} x grad_accum {self.accum} (same effective batch); "
@@ -213,8 +218,10 @@ class Trainer:
         )
 
     # -- checkpoint -----------------------------------------------------------------
-    def save(self) -> None:
-        if self.dist.is_main:
+    def save(self, alone: bool = False) -> None:
+        """Rank 0 writes, the others wait; ``alone``: this rank writes and nobody waits (sequence parallelism's
+        OOM, where every rank holds the same weights and moments and the others are stuck in a collective)."""
+        if self.dist.is_main or alone:
             tensors, opt_meta = ckpt_state.optimizer_tensors(self.opt, self.names)
             state = {
                 # token_budget (padded tokens per micro-batch) and grad_accum are what the OOM path adapts.
@@ -232,7 +239,8 @@ class Trainer:
             checkpoint.save(self.cfg.out, self.step, self.model.state_dict(), tensors, state,
                             self.model.config.to_dict(), keep=self.cfg.keep)
             self.metrics.flush()
-        self.dist.barrier()
+        if not alone:
+            self.dist.barrier()
 
     def _lr(self, step: int) -> float:
         if self.budget is None:

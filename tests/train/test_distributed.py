@@ -194,3 +194,59 @@ def test_two_gloo_ranks_under_a_time_budget_agree_on_every_total(tiny_store, tmp
     assert steps and totals and int(steps[-1][0]) == summary["steps"], proc.stderr[-3000:]
     assert all(n % 2 == 0 for n in collections.Counter(steps).values()), steps
     assert all(n % 2 == 0 for n in collections.Counter(totals).values()), totals
+
+
+def _longest(tiny_store) -> int:
+    from eagle3.extract.store import HiddenStateStore
+
+    store = HiddenStateStore(tiny_store["store"])
+    return max(store.num_tokens(sid) for sid in store.sample_ids())
+
+
+RANK0_OOM = """
+import sys
+
+import torch
+
+from eagle3.train import loop
+from eagle3.train.config import TrainConfig
+
+real, seen = loop.Trainer._micro, {"n": 0}
+
+
+def micro(self, ids, denominators, grad):
+    # rank 0, which holds the larger share of each row, runs out of memory in its 2nd micro-batch of step 3
+    if grad and self.step == 2:
+        seen["n"] += 1
+        if seen["n"] == 2 and self.dist.rank == 0:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected on rank 0 only)")
+    return real(self, ids, denominators, grad)
+
+
+loop.Trainer._micro = micro
+store, vocab, out = sys.argv[1:4]
+loop.train(TrainConfig(store=store, vocab=vocab, out=out, ttt_length=3, token_budget=64, grad_accum=2, lr=3e-3,
+                       log_every=1, eval_every=0, save_every=100, epochs=1, init="random", device="cpu",
+                       sequence_parallel=True, max_steps=5, precision="float32"))
+"""
+
+
+def test_sequence_parallel_oom_on_one_rank_saves_and_stops_instead_of_hanging(tiny_store, tmp_path):
+    """With sequence parallelism the other ranks are inside the micro-batch's collectives when one runs out of
+    memory, so the ranks cannot agree on it: the failing rank saves the halved state alone and exits, and torchrun
+    stops the rest (it used to hang every rank until the collective timeout)."""
+    script = tmp_path / "rank0_oom.py"
+    script.write_text(RANK0_OOM)
+    out = tmp_path / "sp-oom"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), tiny_store["store"],
+           tiny_store["vocab"], str(out)]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0 and "GpuOutOfMemory" in proc.stderr, proc.stderr[-3000:]
+    from eagle3 import checkpoint
+
+    state = checkpoint.load_latest(str(out)).state
+    # after step 2, half of the 64-token micro-batch, or one sample's budget where half would not hold the longest
+    assert (state["token_budget"], state["grad_accum"], state["position"]["index"]) == (max(32, _longest(tiny_store)),
+                                                                                         4, 2)
