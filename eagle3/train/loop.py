@@ -41,6 +41,28 @@ NONFINITE_LIMIT = 3
 so the weights stay finite), several in a row mean the run diverged."""
 
 
+RESUME_EFFECTS = {
+    "seed": "the data order of the epochs to come changes",
+    "heldout_share": "the held-out split changes: samples trained on may now be held out, and the reverse",
+    "lr": "the learning-rate curve changes from here on", "warmup_ratio": "the learning-rate curve changes from here on",
+    "min_lr_ratio": "the learning-rate curve changes from here on",
+    "betas": "ignored: the optimizer keeps the checkpoint's", "weight_decay": "ignored: the optimizer keeps the checkpoint's",
+    "train_time_budget": "ignored: the checkpoint's budget (or none) is kept",
+}
+"""What a setting changed between a checkpoint and the run that resumes it does (each is logged as a warning)."""
+
+
+def _warn_changed_settings(cfg: TrainConfig, saved: dict, out: str) -> None:
+    changed = {k: (saved[k], getattr(cfg, k)) for k in RESUME_EFFECTS
+               if k in saved and _comparable(saved[k]) != _comparable(getattr(cfg, k))}
+    for k, (was, now) in changed.items():
+        log.warning("resuming %s with %s=%r (the checkpoint's run had %r): %s", out, k, now, was, RESUME_EFFECTS[k])
+
+
+def _comparable(value):
+    return [float(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
 class TrainingDiverged(InputError):
     """The gradients stayed non-finite: the settings (lr, data) need changing, so a retry would not help."""
 
@@ -87,6 +109,8 @@ class Trainer:
                 log.info("resuming with the checkpoint's micro-batch %d tokens x grad_accum %d "
                          "(not --token-budget %d --grad-accum %d)", self.micro, self.accum,
                          cfg.token_budget, cfg.grad_accum)
+        if self.ckpt is not None:
+            _warn_changed_settings(cfg, self.ckpt.state.get("train_config") or {}, cfg.out)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.names = {p: n for n, p in self.model.named_parameters()}
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)

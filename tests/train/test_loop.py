@@ -159,3 +159,20 @@ def test_merged_restricts_training_to_its_samples(tiny_store, tmp_path):
     pq.write_table(pa.table({"id": ids + ["not-extracted"]}), merged / "train.parquet")
     with pytest.raises(InputError, match="not in the store"):
         train(cfg_for(tiny_store, tmp_path / "other", merged=str(merged)))
+
+
+def test_a_resume_with_other_settings_says_what_each_change_does(tiny_store, tmp_path, caplog):
+    """A resumed run takes some settings from its checkpoint and others from the command line: each one that
+    changed is a warning naming what it does, none is silent."""
+    import logging
+
+    torch.set_num_threads(1)
+    out = tmp_path / "ckpt"
+    train(cfg_for(tiny_store, out, max_steps=2, save_every=1))
+    with caplog.at_level(logging.WARNING, logger="eagle3.train.loop"):
+        train(cfg_for(tiny_store, out, max_steps=3, save_every=1, seed=5, weight_decay=0.1, heldout_share=0.2))
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("seed=5 (the checkpoint's run had 42): the data order" in m for m in said), said
+    assert any("weight_decay=0.1 (the checkpoint's run had 0.0): ignored: the optimizer keeps" in m for m in said)
+    assert any("heldout_share=0.2 (the checkpoint's run had 0.03): the held-out split changes" in m for m in said)
+    assert not any("lr=" in m for m in said)  # unchanged settings say nothing
