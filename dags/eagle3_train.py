@@ -205,7 +205,8 @@ AUX_LAYERS = "{{ params.aux_layers | layer_ids }}"
 # The train and evaluate settings known at trigger time: their tasks' configs, and discover's preflight of them.
 TRAIN_SETTINGS = {
     "storage_option": "{{ params.storage_option }}", "ttt_length": "{{ params.ttt_length }}",
-    "epochs": "{{ params.epochs }}", "lr": "{{ params.lr }}", "checkpoint_ttt_steps": "{{ params.checkpoint_ttt_steps }}",
+    "epochs": "{{ params.epochs }}", "lr": "{{ params.lr }}",
+    "checkpoint_ttt_steps": "{{ params.checkpoint_ttt_steps }}",
     "sequence_parallel": "{{ params.sequence_parallel }}", "max_steps": "{{ params.max_steps }}",
     "seed": "{{ params.seed }}", "precision": "{{ params.precision }}", "draft_variant": "{{ params.draft_variant }}",
     "draft_window": "{{ params.draft_window }}", "parallel_drafting": "{{ params.parallel_drafting }}",

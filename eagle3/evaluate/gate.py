@@ -18,8 +18,8 @@ def mismatches(report: dict) -> list[str]:
         detail = (f" (baseline token {m['baseline_token']}, speculative token {m['speculative_token']})"
                   if "baseline_token" in m else "")
         if "after_tie_flip_at" in m:  # the speculative path after an accepted flip, re-scored teacher-forced
-            detail = (f" after a tie flip at {m['after_tie_flip_at']} (the target's choice there {m['baseline_token']}, "
-                      f"speculative token {m['speculative_token']})")
+            detail = (f" after a tie flip at {m['after_tie_flip_at']} (the target's choice there "
+                      f"{m['baseline_token']}, speculative token {m['speculative_token']})")
         if "margin_fp32" in m:  # re-scored in fp32 (eagle3.evaluate.lossless): not a near-tie
             detail += (f"; fp32 margin {m['margin_fp32']:.4f} is beyond the {m['tolerance']:.4f} that rounding "
                        f"can flip (fp32 argmax {m['fp32_argmax']})")

@@ -27,8 +27,8 @@ follows another (equally greedy) path. So every divergence is classified at its 
 In fp32 the measured noise is ~0 and the floor is 2^-16 relative: not fp32's 2^-23 rounding unit but what the
 shape of a forward moves an fp32 logit by (SmolLM2, a 1-token against a 4-token chunked forward over the same
 tokens: median 4.6e-5, at most 1.2e-4, at |logit| up to ~20; 2^-16 x 20 x 2 = 6e-4). So only a near-exact tie
-passes in fp32: the check means the same thing in every precision. The verdict prints as "exact", "exact up to N tie flips (bf16)"
-or "FAILED" (``verdict``).
+passes in fp32: the check means the same thing in every precision. The verdict prints as "exact", "exact up to N
+tie flips (bf16)" or "FAILED" (``verdict``).
 """
 
 from __future__ import annotations

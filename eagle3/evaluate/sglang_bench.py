@@ -234,7 +234,8 @@ class SGLangBenchmark:
         storage.write_json(storage.join(cfg.out, layout.EVAL_REPORT), summary)  # what publish and the report read
         if differ:
             raise GateFailed(f"SGLang's speculative output differs from its baseline on {len(differ)} of "
-                             f"{len(ids)} prompts (indices {differ[:20]}); see {storage.join(cfg.out, layout.EVAL_REPORT)}")
+                             f"{len(ids)} prompts (indices {differ[:20]}); see "
+                             f"{storage.join(cfg.out, layout.EVAL_REPORT)}")
         return summary
 
 

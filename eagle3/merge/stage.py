@@ -238,7 +238,8 @@ def checked_train_parquet(merged: str) -> str:
     path = merged if merged.endswith(".parquet") else storage.join(merged, layout.MERGED_PARQUET)
     folder = path.rsplit("/", 1)[0] if storage.is_s3(path) else os.path.dirname(path)
     man_uri = storage.join(folder, layout.MERGED_MANIFEST)
-    want = (storage.read_json(man_uri).get("checksums") or {}).get(layout.MERGED_PARQUET) if storage.exists(man_uri) else None
+    want = ((storage.read_json(man_uri).get("checksums") or {}).get(layout.MERGED_PARQUET)
+            if storage.exists(man_uri) else None)
     return storage.check_sha256(path, want, f"re-run `eagle3 merge --out {folder}` (and the verify gate)",
                                 recorded_in=layout.MERGED_MANIFEST)
 

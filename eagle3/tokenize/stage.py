@@ -316,7 +316,8 @@ def tokenize_dataset(cfg: DatasetConfig) -> dict[str, Any]:
         except ValueError as e:  # a damaged cache marker only means: tokenize again
             log.warning("tokenize %s: %s; tokenizing again", cfg.name, e)
             old = {}
-        if isinstance(old, dict) and old.get("fingerprint") == fingerprint and storage.exists(stats_uri) and _intact(out_dir, stats_uri):
+        if (isinstance(old, dict) and old.get("fingerprint") == fingerprint and storage.exists(stats_uri)
+                and _intact(out_dir, stats_uri)):
             stats = {**storage.read_json(stats_uri), "reused": True,
                      "seconds": round(time.monotonic() - start, 3)}
             if stats.get("reject_share", 0.0) > cfg.max_reject_share:  # the threshold is not in the fingerprint

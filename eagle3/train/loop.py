@@ -40,13 +40,11 @@ NONFINITE_LIMIT = 3
 """Steps in a row whose gradient norm is NaN or inf before the run stops: one such step is skipped (no update,
 so the weights stay finite), several in a row mean the run diverged."""
 
-
 RESUME_EFFECTS = {
     "seed": "the data order of the epochs to come changes",
     "heldout_share": "the held-out split changes: samples trained on may now be held out, and the reverse",
-    "lr": "the learning-rate curve changes from here on", "warmup_ratio": "the learning-rate curve changes from here on",
-    "min_lr_ratio": "the learning-rate curve changes from here on",
-    "betas": "ignored: the optimizer keeps the checkpoint's", "weight_decay": "ignored: the optimizer keeps the checkpoint's",
+    **dict.fromkeys(("lr", "warmup_ratio", "min_lr_ratio"), "the learning-rate curve changes from here on"),
+    **dict.fromkeys(("betas", "weight_decay"), "ignored: the optimizer keeps the checkpoint's"),
     "train_time_budget": "ignored: the checkpoint's budget (or none) is kept",
 }
 """What a setting changed between a checkpoint and the run that resumes it does (each is logged as a warning)."""

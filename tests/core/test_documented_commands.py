@@ -36,4 +36,5 @@ def test_the_scan_catches_a_wrong_flag(tmp_path, monkeypatch):
         ("x.md", 1, "train", "--store"), ("x.md", 1, "train", "--no-such-flag"),
         ("x.md", 3, "extract", "--server-args"),
         # a synopsis: bracketed flags count, and a|b is no shell pipe
-        ("x.md", 4, "extract", "--merged"), ("x.md", 4, "extract", "--device"), ("x.md", 4, "extract", "--summary-json")]
+        ("x.md", 4, "extract", "--merged"), ("x.md", 4, "extract", "--device"),
+        ("x.md", 4, "extract", "--summary-json")]

@@ -574,8 +574,8 @@ def test_a_retry_that_starts_late_still_ends_by_the_deadline_hand_computed():
 
 def test_a_budget_shorter_than_the_epochs_plan_leaves_its_warm_up_hand_computed():
     """3 epochs planned 60,000 steps (warm-up 2%: 1,200) but the budget fits 360: the warm-up becomes 2% of 360
-    (7, at least the untimed first step + the 4 timed ones), so the run reaches the peak and decays; it used to end at 0.3 of the peak
-    inside its warm-up."""
+    (7, at least the untimed first step + the 4 timed ones), so the run reaches the peak and decays; it used to end
+    at 0.3 of the peak inside its warm-up."""
     cfg = TrainConfig(store="s", vocab="v", out="o", train_time_budget=3600.0)
     b = TimeBudget.start(cfg, provisional_total=60_000)
     assert b.warmup == 1200
