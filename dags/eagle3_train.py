@@ -222,7 +222,9 @@ def plan_result(found: dict) -> dict:
     datasets: Eagle3StageOperator keeps the XCom small)."""
     if "result_file" in found:
         from eagle3 import storage
+        from operators.hooks import Eagle3StorageHook
 
+        storage.configure_s3(Eagle3StorageHook().settings)  # an s3 root, as the plan task wrote it
         return storage.read_json(found["result_file"])
     return found
 

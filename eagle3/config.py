@@ -32,9 +32,9 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 DEFAULT_SEED = 42
+"""The seed every seeded stage (regenerate, merge, train) starts from unless told otherwise."""
 DEFAULT_MAX_SEQ_LEN = 8192
 """Tokens a sample is cut to (merge) and the cap the stats count against, unless a run sets max_seq_len."""
-"""The seed every seeded stage (regenerate, merge, train) starts from unless told otherwise."""
 
 
 RENAMED = {

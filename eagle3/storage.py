@@ -14,6 +14,7 @@ connection's), else from the environment as boto3 reads it (``AWS_ACCESS_KEY_ID`
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
 import hashlib
 import json
@@ -525,8 +526,8 @@ def _unique_tmp(dest: Path) -> Path:
 
 
 def local_dir(uri: str | os.PathLike, only: tuple[str, ...] | None = None) -> str:
-    """A local copy of a whole directory (S3 prefixes are mirrored into the cache); ``only``: just these
-    top-level file names (those the prefix has), in a mirror of their own (a tokenizer without the weights).
+    """A local copy of a whole directory (S3 prefixes are mirrored into the cache); ``only``: just the files whose
+    relative names match these glob patterns, in a mirror of their own (a tokenizer without the weights).
 
     Each file is copied from its ETag-keyed `local_path`, and the mirror remembers which object version
     each of its files is (``<mirror>.etags.json``): a re-uploaded object is copied again even when its size
@@ -545,7 +546,7 @@ def local_dir(uri: str | os.PathLike, only: tuple[str, ...] | None = None) -> st
         index = json.loads(index_path.read_text())
     except (OSError, ValueError):
         index = {}
-    names = [n for n in list_files(uri) if only is None or n in only]
+    names = [n for n in list_files(uri) if only is None or any(fnmatch.fnmatchcase(n, pat) for pat in only)]
     current = {}
     for name in names:
         src = local_path(join(uri, name))  # its file name carries the object's ETag

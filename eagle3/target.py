@@ -190,9 +190,10 @@ def fingerprint_files(paths: list[Path], extra: str = "") -> str:
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 """A model directory's tokenizer and chat template (what the tokenizer fingerprint hashes)."""
-TOKENIZER_FOLDER = (*TOKENIZER_FILES, "config.json", "generation_config.json", "tokenizer.model", "vocab.json",
-                    "merges.txt", "added_tokens.json")
-"""What a stage that only tokenizes needs of a model folder (`resolve_tokenizer`): never its weights."""
+TOKENIZER_FOLDER = (*TOKENIZER_FILES, "config.json", "generation_config.json", "vocab.json", "merges.txt",
+                    "added_tokens.json", "*.model", "*.tiktoken", "additional_chat_templates/*")
+"""What a stage that only tokenizes needs of a model folder (`resolve_tokenizer`; glob patterns of the file names:
+sentencepiece and tiktoken vocabularies, extra chat templates): never its weights."""
 
 
 def resolve_tokenizer(name: str) -> str:

@@ -158,6 +158,8 @@ def _unique_keys_loader():
         def construct_mapping(self, node, deep=False):
             first: dict = {}
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: merged by the base class
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 try:
                     line = first.setdefault(key, key_node.start_mark.line)

@@ -9,9 +9,11 @@ it the cosine schedule. The warm-up length is fixed at the start (from the epoch
 and at least the steps run before the total is known), so those steps ran at the learning rate the
 fixed schedule gives them.
 
-The budget, its measurement and the fixed total are saved in the checkpoint (`train_state.json`
-"budget"); a resumed run, or the retry after an out-of-memory, keeps that total and so the same
-schedule, whatever speed it now runs at. A run killed before the total was fixed times again.
+The budget, its measurement, the fixed total and the seconds spent are saved in the checkpoint
+(`train_state.json` "budget"); a resumed run, or the retry after an out-of-memory, keeps that total and so
+the same schedule, and its clock goes on from the seconds spent: the checks below re-plan it only where the
+rest of the run, at the speed it now runs at, would miss the budget's end. A run killed before the total
+was fixed times again.
 
 Four steps price the rest of a run roughly: on one CPU process the steps after the first epoch read every
 sample's in-draft mask from a cache, and `fix` prices them from the share of the timed seconds the masks took,
@@ -150,6 +152,7 @@ class TimeBudget:
     _last: float = 0.0  # elapsed at the last `record`
     _check: dict | None = None  # a re-plan `refit` proposed, recorded by `agree` if the ranks' total changes
     _drift: int = 0  # the sign of the last check's drift past BUDGET_DRIFT (0: within it, or just re-planned)
+    _shorten_warmup: bool = False  # the first `agree` after `fix` fits the warm-up to the agreed total
 
     @classmethod
     def start(cls, cfg: TrainConfig, provisional_total: int, now: float | None = None) -> "TimeBudget | None":
@@ -169,6 +172,7 @@ class TimeBudget:
         saved = state.get("budget")
         if not saved:
             return None
+        saved = {"warmup_ratio": cfg.warmup_ratio, **saved}  # a checkpoint of an older release has none
         budget = cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__ and not k.startswith("_")})
         budget._last = budget.spent
         if cfg.train_deadline and not budget.replayed:
@@ -275,9 +279,7 @@ class TimeBudget:
         n, planned = self._walk(step, future_tokens, left, eval_s, lambda i, tokens: tokens / max(
             rate_seen if cached_from is not None and i >= cached_from else rate, 1e-9))
         self.total_steps, self.fixed = step + n, True
-        # A budget that fits fewer steps than the epochs-based plan keeps warmup_ratio of them: the steps run so far
-        # (all inside the warm-up) stay where they were on the ramp.
-        self.warmup = max(min(self.warmup, warmup_length(self.total_steps, self.warmup_ratio)), BUDGET_PROBE_STEPS + 1)
+        self._shorten_warmup = True  # by `agree`, at the total every rank takes
         refit_from = step + (cached_from or 0)
         if cached_from and 2 * cached_from >= n:
             # Most of the run left is its first epoch (a short budget): time those steps, and price the cached
@@ -388,6 +390,12 @@ class TimeBudget:
         if check is not None and total != self.total_steps:
             self.measured.setdefault("replans", []).append({**check, "was_total": self.total_steps})
         self.total_steps = total
+        if self._shorten_warmup:
+            # A budget that fits fewer steps than the epochs-based plan keeps warmup_ratio of them (the steps run so
+            # far were on the longer ramp: the rate steps up once, inside the warm-up). At the agreed total, so
+            # every rank has the same curve.
+            self._shorten_warmup = False
+            self.warmup = max(min(self.warmup, warmup_length(total, self.warmup_ratio)), BUDGET_PROBE_STEPS + 1)
         if self.refit_from is not None and self.refit_from + BUDGET_REFIT_STEPS >= total:
             self.refit_from = None  # too short a run left for a refit (on every rank alike: the agreed total)
 

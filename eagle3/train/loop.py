@@ -26,7 +26,7 @@ import torch
 from eagle3.errors import GpuOutOfMemory, InputError, is_oom
 from eagle3.oom import halve, maybe_inject
 from eagle3.progress import Progress
-from eagle3 import checkpoint, memory
+from eagle3 import checkpoint, memory, storage
 from eagle3.checkpoint import state as ckpt_state
 from eagle3.train import data, distributed, objective
 from eagle3.train.budget import TimeBudget
@@ -41,11 +41,12 @@ NONFINITE_LIMIT = 3
 so the weights stay finite), several in a row mean the run diverged."""
 
 RESUME_EFFECTS = {
-    "seed": "the data order of the epochs to come changes",
+    "seed": "the data order changes from here on (this epoch's rest too: samples may repeat or be skipped)",
     "heldout_share": "the held-out split changes: samples trained on may now be held out, and the reverse",
-    **dict.fromkeys(("lr", "warmup_ratio", "min_lr_ratio"), "the learning-rate curve changes from here on"),
+    **dict.fromkeys(("lr", "warmup_ratio", "min_lr_ratio"),
+                    "the learning-rate curve changes from here on (a time budget keeps its fixed warm-up)"),
     **dict.fromkeys(("betas", "weight_decay"), "ignored: the optimizer keeps the checkpoint's"),
-    "train_time_budget": "ignored: the checkpoint's budget (or none) is kept",
+    "train_time_budget": "the checkpoint's budget (or none) is kept; with a deadline it is the floor of what is left",
 }
 """What a setting changed between a checkpoint and the run that resumes it does (each is logged as a warning)."""
 
@@ -232,7 +233,13 @@ class Trainer:
             torch.cuda.empty_cache()
         old = (self.micro, self.accum)
         self.micro, self.accum = halve(self.micro, self.accum, max(self.lengths.values()))
-        self.save(alone=alone)  # the weights are those after the last completed step
+        try:
+            self.save(alone=alone)  # the weights are those after the last completed step
+        except OSError:
+            # alone: another rank ran out of memory on the same micro-batch and saved the same step first
+            if not alone or checkpoint.latest_step_dir(self.cfg.out) != storage.join(
+                    self.cfg.out, checkpoint.step_dir_name(self.step)):
+                raise
         raise GpuOutOfMemory(
             f"out of memory with micro-batch {old[0]} tokens x grad_accum {old[1]} at step {self.step}; saved "
             f"{self.cfg.out} with micro-batch {self.micro} x grad_accum {self.accum} (same effective batch); "

@@ -113,3 +113,10 @@ def test_a_folder_is_not_a_manifest(tmp_path):
     (tmp_path / "m").mkdir()
     with pytest.raises(InputError, match="is a folder"):
         load_manifest(str(tmp_path / "m"))
+
+
+def test_yaml_anchors_and_merge_keys_still_work_beside_the_repeated_key_check(tmp_path):
+    path = _write(tmp_path, "datasets:\n  - &a {name: a, source: a.jsonl, format: messages, category: chat}\n"
+                            "  - <<: *a\n    name: b\n")
+    assert [(s.name, s.format, s.category) for s in load_manifest(path)] == [("a", "messages", "chat"),
+                                                                          ("b", "messages", "chat")]

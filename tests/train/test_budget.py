@@ -112,7 +112,8 @@ def test_fix_walks_the_plan_at_the_measured_speed_hand_computed():
     assert (total, b.total_steps, b.fixed) == (5 + 7, 12, True)
     assert b.measured["tokens_per_s"] == pytest.approx(100.0)
     again = TimeBudget.resume({"budget": b.to_dict()}, cfg)
-    # the warm-up shrinks to 10% of the 12 fixed steps, never below the untimed first step + the 4 timed ones
+    b.agree(total)  # the ranks' smallest total (one rank here): the warm-up shrinks to 10% of the 12 steps, never
+    again = TimeBudget.resume({"budget": b.to_dict()}, cfg)  # below the untimed first step + the 4 timed ones
     assert (again.fixed, again.total_steps, again.warmup) == (True, 12, BUDGET_PROBE_STEPS + 1)
     assert TimeBudget.resume({}, cfg) is None  # a checkpoint of an unbudgeted run keeps its schedule
     capped = TimeBudget.start(TrainConfig(store="s", vocab="v", out="o", train_time_budget=1e6, max_steps=9), 40)
@@ -583,7 +584,10 @@ def test_a_budget_shorter_than_the_epochs_plan_leaves_its_warm_up_hand_computed(
     for step in range(2, 2 + BUDGET_PROBE_STEPS):
         b.record(step, 100, 10.0 * step)  # 10 s a step
     total = b.fix(1 + BUDGET_PROBE_STEPS, 50.0, iter([100] * 100_000), heldout_tokens=0)
-    assert total == 5 + 355 and b.warmup == round(0.02 * total) == 7
+    assert total == 5 + 355 and b.warmup == 1200  # the ranks agree on a total first
+    b.agree(total - 10)  # another rank timed fewer steps: the warm-up fits the agreed total, alike on every rank
+    total -= 10
+    assert b.warmup == round(0.02 * total) == 7
     assert lr_at(*b.schedule_point(total - 1, total), cfg, b.warmup) == pytest.approx(cfg.lr * cfg.min_lr_ratio,
                                                                                        rel=0.01)
     assert TimeBudget.resume({"budget": b.to_dict()}, cfg).warmup == 7
