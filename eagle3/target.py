@@ -194,6 +194,8 @@ TOKENIZER_FOLDER = (*TOKENIZER_FILES, "config.json", "generation_config.json", "
                     "added_tokens.json", "*.model", "*.tiktoken", "additional_chat_templates/*")
 """What a stage that only tokenizes needs of a model folder (`resolve_tokenizer`; glob patterns of the file names:
 sentencepiece and tiktoken vocabularies, extra chat templates): never its weights."""
+TOKENIZER_LOADABLE = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Any one of these in a model folder, and AutoTokenizer can load a tokenizer from it."""
 
 
 def resolve_tokenizer(name: str) -> str:

@@ -86,16 +86,13 @@ class DatasetConfig:
                    max_samples=spec.max_samples, tokenizer=tokenizer, out=out, **settings)
 
 
-_LOADABLE = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")  # any one: AutoTokenizer can
-
-
 @functools.lru_cache(maxsize=4)
 def _load_tokenizer(tok_dir: str):
     from transformers import AutoTokenizer
 
-    if Path(tok_dir).is_dir() and not any((Path(tok_dir) / f).exists() for f in _LOADABLE):
-        raise InputError(f"no tokenizer here (none of {', '.join(_LOADABLE)}): pass the target's Hugging "
-                         "Face folder, which holds its tokenizer beside config.json", file=tok_dir)
+    if Path(tok_dir).is_dir() and not any((Path(tok_dir) / f).exists() for f in target.TOKENIZER_LOADABLE):
+        raise InputError(f"no tokenizer here (none of {', '.join(target.TOKENIZER_LOADABLE)}): pass the target's "
+                         "Hugging Face folder, which holds its tokenizer beside config.json", file=tok_dir)
     return AutoTokenizer.from_pretrained(tok_dir)
 
 
