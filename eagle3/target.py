@@ -179,23 +179,33 @@ def config_int(config: dict, key: str, model: str) -> int:
     return value
 
 
-def fingerprint_files(paths: list[Path], extra: str = "") -> str:
-    """sha256 over file names and contents, in the given order."""
+def fingerprint_files(paths: list[Path], extra: str = "", names=lambda p: p.name) -> str:
+    """sha256 over file names (``names(path)``) and contents, in the given order."""
     h = hashlib.sha256(extra.encode())
     for p in paths:
-        h.update(p.name.encode())
+        h.update(names(p).encode())
         h.update(storage.sha256_file(p).encode())
     return h.hexdigest()
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-"""A model directory's tokenizer and chat template (what the tokenizer fingerprint hashes)."""
-TOKENIZER_FOLDER = (*TOKENIZER_FILES, "config.json", "generation_config.json", "vocab.json", "merges.txt",
-                    "added_tokens.json", "*.model", "*.tiktoken", "additional_chat_templates/*")
-"""What a stage that only tokenizes needs of a model folder (`resolve_tokenizer`; glob patterns of the file names:
-sentencepiece and tiktoken vocabularies, extra chat templates): never its weights."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "added_tokens.json", "*.model", "*.tiktoken",
+                   "additional_chat_templates/*")
+"""A model directory's tokenizer and chat templates, as glob patterns of paths inside it: what tokenizes a text
+(sentencepiece and tiktoken vocabularies, BPE merges, extra chat templates), so what the tokenizer fingerprint
+hashes (`tokenizer_files`)."""
+TOKENIZER_FOLDER = (*TOKENIZER_FILES, "config.json", "generation_config.json")
+"""What a stage that only tokenizes needs of a model folder (`resolve_tokenizer`): never its weights."""
 TOKENIZER_LOADABLE = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 """Any one of these in a model folder, and AutoTokenizer can load a tokenizer from it."""
+
+
+def tokenizer_files(model_dir: str | Path) -> list[Path]:
+    """The files of `TOKENIZER_FILES` a model folder holds, each pattern's matches sorted, in the patterns' order."""
+    root, out = Path(model_dir), []
+    for pattern in TOKENIZER_FILES:
+        out += [p for p in sorted(root.glob(pattern)) if p.is_file() and p not in out]
+    return out
 
 
 def resolve_tokenizer(name: str) -> str:
@@ -210,9 +220,10 @@ def resolve_tokenizer(name: str) -> str:
 
 
 def tokenizer_fingerprint(model_dir: str) -> str:
-    """Hash of the tokenizer files and chat template of a model directory."""
+    """Hash of the tokenizer files and chat templates of a model directory (`tokenizer_files`): a changed
+    merges.txt or tokenizer.model tokenizes differently, so the tokenized data is made again."""
     root = Path(model_dir)
-    return fingerprint_files([root / n for n in TOKENIZER_FILES if (root / n).exists()])[:16]
+    return fingerprint_files(tokenizer_files(root), names=lambda p: p.relative_to(root).as_posix())[:16]
 
 
 def model_fingerprint(model_dir: str) -> str:

@@ -20,15 +20,16 @@ def tiny_llama_config(**overrides):
 
 def save_random_llama(out: str | Path, cfg, tokenizer_dir: str) -> str:
     """A random LlamaForCausalLM of ``cfg`` (seed 0) saved at ``out``, with the tokenizer files
-    (eagle3.target.TOKENIZER_FILES) of ``tokenizer_dir``."""
+    (eagle3.target.tokenizer_files) of ``tokenizer_dir``."""
     import torch
     from transformers import LlamaForCausalLM
 
-    from eagle3.target import TOKENIZER_FILES
+    from eagle3.target import tokenizer_files
 
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        if Path(tokenizer_dir, name).exists():
-            shutil.copy(Path(tokenizer_dir, name), Path(out, name))
+    for path in tokenizer_files(tokenizer_dir):
+        dest = Path(out, path.relative_to(tokenizer_dir))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, dest)
     return str(out)

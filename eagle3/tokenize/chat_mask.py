@@ -291,10 +291,21 @@ class ChatMasker:
     def __init__(self, tokenizer, chat_template: str | None = None):
         self.tokenizer = tokenizer
         self.backend = tokenizer.backend_tokenizer
-        self.template = chat_template or tokenizer.chat_template
+        template = chat_template or tokenizer.chat_template
+        named = template if isinstance(template, dict) else {}  # additional_chat_templates/*.jinja beside the default
+        if named:
+            if "default" not in named:
+                raise InputError(f"the tokenizer has named chat templates ({', '.join(sorted(named))}) and none "
+                                 "is 'default', the one a serving engine renders a chat request with: add "
+                                 "chat_template.jinja to the model folder")
+            template = named["default"]
+        self.template = template
         if not self.template:
             raise InputError("the tokenizer has no chat template; give one or use the 'tokenized' format")
-        self.template_sha = hashlib.sha256(self.template.encode()).hexdigest()[:16]
+        # transformers and vLLM render a request that carries tools with the "tool_use" template where there is one
+        self.tool_use = ChatMasker(tokenizer, named["tool_use"]) if "tool_use" in named else None
+        self.template_sha = hashlib.sha256(
+            (self.template + (self.tool_use.template if self.tool_use else "")).encode()).hexdigest()[:16]
         self._render_kwargs = {k: getattr(tokenizer, k, None) for k in
                                ("bos_token", "eos_token", "pad_token", "unk_token")}
         self._compiled = self._compile()
@@ -329,6 +340,8 @@ class ChatMasker:
 
     def render(self, conv: Conversation) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and its assistant char spans (raises TemplateError)."""
+        if conv.tools and self.tool_use is not None:
+            return self.tool_use.render(conv)
         messages, tools = adapt_messages(conv, self.info)
         try:
             text = self._render(messages, tools, False)

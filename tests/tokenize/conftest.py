@@ -8,18 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.target import TOKENIZER_FILES
-
-_FILES = (*TOKENIZER_FILES, "config.json")
+from eagle3.target import tokenizer_files
 
 
 @pytest.fixture(scope="session")
 def chatml_dir(smollm2_dir, tmp_path_factory) -> str:
     """SmolLM2's own tokenizer and ChatML template (plus config.json so it resolves as a model dir)."""
     out = tmp_path_factory.mktemp("chatml")
-    for name in _FILES:
-        if Path(smollm2_dir, name).exists():
-            shutil.copy(Path(smollm2_dir, name), out / name)
+    for path in [*tokenizer_files(smollm2_dir), Path(smollm2_dir, "config.json")]:
+        shutil.copy(path, out / path.name)
     return str(out)
 
 

@@ -181,3 +181,31 @@ def test_turn_without_the_usual_end_is_refused_not_mismasked(make_tokenizer_dir)
     del record["tools"]
     with pytest.raises(TemplateError, match="no '<\\|eot_id\\|>' before the next"):
         masker.render(parse_conversation(record, "messages", 1))
+
+
+def test_named_templates_render_as_the_engines_pick_them(chatml_dir, tmp_path):
+    """A folder with additional_chat_templates/ loads as a dict of templates (it crashed the masker). Like
+    transformers' apply_chat_template and vLLM, a conversation with tools renders through "tool_use", the rest
+    through "default"; the fingerprint covers both."""
+    import shutil
+
+    tok_dir = tmp_path / "tok"
+    shutil.copytree(chatml_dir, tok_dir)
+    default = (tok_dir / "chat_template.jinja").read_text()
+    (tok_dir / "additional_chat_templates").mkdir()
+    (tok_dir / "additional_chat_templates" / "tool_use.jinja").write_text("{{- 'TOOL MODE\\n' }}" + default)
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    assert isinstance(tok.chat_template, dict) and set(tok.chat_template) == {"default", "tool_use"}
+    masker = ChatMasker(tok)
+    plain = tool_conversation()
+    del plain["tools"]
+    text, _ = masker.render(parse_conversation(plain, "messages", 1))
+    assert not text.startswith("TOOL MODE")
+    with_tools = parse_conversation(tool_conversation(), "messages", 1)
+    text, spans = masker.render(with_tools)
+    assert text.startswith("TOOL MODE\n<|im_start|>system")
+    assert [text[a:b] for a, b in spans][-1] == "<think>\nReport it.\n</think>\n\nSunny, 21 C.<|im_end|>"
+    assert masker.template_sha != ChatMasker(AutoTokenizer.from_pretrained(chatml_dir)).template_sha
+    (tok_dir / "chat_template.jinja").unlink()
+    with pytest.raises(InputError, match="none is 'default'"):
+        ChatMasker(AutoTokenizer.from_pretrained(tok_dir))

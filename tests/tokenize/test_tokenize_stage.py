@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -83,6 +84,41 @@ def test_unchanged_fingerprint_is_skipped_and_changes_redo(tmp_path, chatml_dir)
     write_jsonl(tmp_path / "a.jsonl", [conv(i) for i in range(6)])  # input changed
     changed = tokenize_dataset(config(tmp_path, src, chatml_dir))
     assert changed["reused"] is False and changed["samples"] == 6
+
+
+@pytest.mark.parametrize("extra", ["merges.txt", "tokenizer.model", "additional_chat_templates/tool_use.jinja"])
+def test_a_changed_tokenizer_file_redoes_the_tokenization(tmp_path, chatml_dir, extra):
+    """Every file that tokenizes is in the fingerprint, not only tokenizer.json and the template: a re-run after
+    a changed merges.txt, sentencepiece model or extra chat template tokenizes again."""
+    tok = tmp_path / "tok"
+    shutil.copytree(chatml_dir, tok)
+    (tok / extra).parent.mkdir(parents=True, exist_ok=True)
+    template = (tok / "chat_template.jinja").read_text()  # a valid one where the file is a chat template
+    (tok / extra).write_text("{# first #}" + template)
+    src = write_jsonl(tmp_path / "a.jsonl", [conv(i) for i in range(3)])
+    first = tokenize_dataset(config(tmp_path, src, str(tok)))
+    (tok / "model.safetensors").write_text("weights do not tokenize")
+    assert tokenize_dataset(config(tmp_path, src, str(tok)))["reused"] is True
+    (tok / extra).write_text("{# second #}" + template)
+    again = tokenize_dataset(config(tmp_path, src, str(tok)))
+    assert again["reused"] is False and again["fingerprint"] != first["fingerprint"]
+
+
+def test_the_tokenizer_fingerprint_by_hand(tmp_path):
+    """sha256 over (relative name, sha256 of the content) in TOKENIZER_FILES' order, then the rest sorted: a
+    folder with only the classic files keeps the fingerprint it had before the list grew."""
+    from eagle3.target import tokenizer_fingerprint
+
+    files = {"tokenizer_config.json": b"{}", "tokenizer.json": b'{"model": 1}', "merges.txt": b"a b",
+             "additional_chat_templates/b.jinja": b"B", "additional_chat_templates/a.jinja": b"A"}
+    for name, data in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    h = hashlib.sha256()
+    for name in ["tokenizer.json", "tokenizer_config.json", "merges.txt", "additional_chat_templates/a.jinja",
+                 "additional_chat_templates/b.jinja"]:
+        h.update(name.encode() + hashlib.sha256(files[name]).hexdigest().encode())
+    assert tokenizer_fingerprint(str(tmp_path)) == h.hexdigest()[:16]
 
 
 def test_max_samples_cap_is_applied_and_counted(tmp_path, chatml_dir):
