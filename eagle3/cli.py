@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _exit_on_sigterm(signum, frame) -> None:
     # Airflow's on_kill and `kill` send SIGTERM: leave through `finally` blocks, which stop the servers a
-    # stage started and remove its temporary files.
+    # stage started and remove its temporary files. A second SIGTERM (the task process dying: eagle3/lifetime.py)
+    # must not cut that cleanup short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 

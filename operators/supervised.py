@@ -2,7 +2,8 @@
 
 GPU work must not run in the task process (it is forked from the supervisor
 and must never initialise CUDA), and a long run must die with the task: the
-child gets its own process group, which `kill()` ends on `on_kill`.
+child gets its own process group, which `kill()` ends on `on_kill`, and dies with the task process
+(eagle3/lifetime.py) if that is killed outright.
 The child's exit code carries the error class (eagle3.errors): 75 →
 GpuOutOfMemory (retry), 2 → InputError and 3 → GateFailed (no retry), anything
 else → a plain failure (default retries).
@@ -19,6 +20,12 @@ import sys
 import time
 
 from eagle3.errors import error_for_exit
+from eagle3.lifetime import parent_death_preexec
+from eagle3.serving.process import STOP_MAX_S
+
+KILL_GRACE_S = STOP_MAX_S + 5.0
+"""SIGTERM to SIGKILL of the CLI's group: long enough for the CLI to stop the inference server it started (a
+server is in a session of its own, out of reach of the group's SIGKILL)."""
 
 
 class SupervisedProcess:
@@ -36,7 +43,7 @@ class SupervisedProcess:
         tail: collections.deque[str] = collections.deque(maxlen=20)
         self.proc = subprocess.Popen(
             self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, bufsize=1, start_new_session=True,
+            text=True, bufsize=1, start_new_session=True, preexec_fn=parent_death_preexec(),
         )
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
@@ -47,7 +54,7 @@ class SupervisedProcess:
         if code != 0:
             raise error_for_exit(code, f"{self.stage} exited with {code}:\n" + "\n".join(tail))
 
-    def kill(self, grace_s: float = 10.0) -> None:
+    def kill(self, grace_s: float = KILL_GRACE_S) -> None:
         """Stop the whole process group: SIGTERM, then SIGKILL after grace_s."""
         if self.proc is None or self.proc.poll() is not None:
             return

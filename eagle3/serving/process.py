@@ -32,6 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from eagle3.errors import Eagle3Error, InputError
+from eagle3.lifetime import parent_death_preexec
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,13 @@ def last_error_line(log_text: str) -> tuple[str, str] | None:
     of vLLM and SGLang end with one), or None."""
     errors = [m.groups() for m in map(_ERROR_LINE.search, log_text.splitlines()) if m]
     return errors[-1] if errors else None
+
+
+STOP_GRACE_S = 30.0
+"""How long `ManagedServer.stop` waits after SIGTERM before SIGKILL: a vLLM server with tensor-parallel workers
+takes seconds to free its GPUs."""
+STOP_MAX_S = STOP_GRACE_S + 20.0
+"""The most `stop` takes: the grace, 10 s for the SIGKILLed leader, 10 s for its group (`_wait_group_gone`)."""
 
 
 class ServerFailed(Eagle3Error):
@@ -148,8 +156,9 @@ class ManagedServer:
         with open(self.log_path, "wb") as logf:
             # A new session makes the server the leader of its own process group,
             # so stop() can signal it together with every worker it spawns.
+            # ... and the kernel stops it if this process dies without stop() (eagle3/lifetime.py).
             self.proc = subprocess.Popen(self.command(), stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=parent_death_preexec())
         return self
 
     def log_text(self) -> str:
@@ -189,7 +198,7 @@ class ManagedServer:
                 raise self._failure(f"at {self.url} not healthy after {timeout:.0f} s")
             time.sleep(poll_s)
 
-    def stop(self, grace_s: float = 30.0) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM the process group, wait ``grace_s``, then SIGKILL it. Safe to call twice."""
         proc, self.proc = self.proc, None
         if proc is None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from eagle3.config import config_from_args, to_dict
 from eagle3.errors import Eagle3Error, GpuOutOfMemory, InputError, exit_code
+from eagle3.lifetime import die_with_parent
 from eagle3.train import TrainConfig, train
 
 STATUS_ENV = "EAGLE3_TRAIN_STATUS_DIR"  # where torchrun workers leave their error's exit code, rank 0 its summary
@@ -51,19 +52,6 @@ def run(args: argparse.Namespace) -> dict | int:
     if status:
         Path(status, SUMMARY_FILE).write_text(json.dumps(summary, default=str))
     return summary
-
-
-def die_with_parent() -> None:
-    """Linux: SIGTERM this process when its parent exits (prctl PR_SET_PDEATHSIG). Elsewhere nothing."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent was gone before the call
-        raise SystemExit(128 + int(signal.SIGTERM))
 
 
 def launch(cfg: TrainConfig, nproc: int) -> dict | int:

@@ -125,3 +125,44 @@ def test_free_port_is_bindable():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
     assert 1024 <= port < 65536
+
+
+def _wait_gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_server_dies_with_the_process_that_started_it(tmp_path):
+    """The server is in a session of its own (so that stop() reaches its workers): a stage SIGKILLed before
+    stop() (the OOM killer, Airflow's escalation) used to leave it serving, holding the GPU a retry needs. Now the
+    kernel SIGTERMs it (eagle3/lifetime.py)."""
+    import os
+    import signal
+    import subprocess
+
+    starter = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "sys.path.insert(0, '.')\n"
+        "from tests.core.test_managed_server import Fake, HTTP\n"
+        "from pathlib import Path\n"
+        f"s = Fake(HTTP, Path({str(tmp_path)!r})).start().wait_healthy(timeout=60)\n"
+        f"Path({str(tmp_path / 'leader.pid')!r}).write_text(str(s.proc.pid))\n"
+        "time.sleep(600)\n")], cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    try:
+        pid_file = tmp_path / "leader.pid"
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert starter.poll() is None and time.monotonic() < deadline, "the starter never ran the server"
+            time.sleep(0.05)
+        leader = int(pid_file.read_text())
+        assert alive(leader)
+        os.kill(starter.pid, signal.SIGKILL)
+        starter.wait()
+        assert _wait_gone(leader, 10), "the server outlived the process that started it"
+    finally:
+        if starter.poll() is None:
+            starter.kill()

@@ -65,3 +65,68 @@ def _alive(pid: int) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def _wait_for(path, within_s: float = 30) -> str:
+    deadline = time.time() + within_s
+    while not (path.exists() and path.read_text()):
+        assert time.time() < deadline, f"{path} never written"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def test_the_stage_dies_with_a_task_process_killed_outright(tmp_path):
+    """The CLI runs in a session of its own (so that kill() reaches its workers). A task process SIGKILLed (Airflow
+    escalates 5 s after SIGTERM; the OOM killer) used to leave it running, unseen, holding its GPU lease; now the
+    kernel SIGTERMs it (eagle3/lifetime.py)."""
+    import os
+    import signal
+    import subprocess
+
+    pid_file = tmp_path / "stage.pid"
+    stage = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    task = subprocess.Popen([sys.executable, "-c", (
+        "import sys\n"
+        "from operators.supervised import SupervisedProcess\n"
+        f"SupervisedProcess([sys.executable, '-c', {stage!r}]).run()\n")],
+        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    try:
+        child = int(_wait_for(pid_file))
+        os.kill(task.pid, signal.SIGKILL)
+        task.wait()
+        assert not _alive(child), "the stage outlived its task process"
+    finally:
+        if task.poll() is None:
+            task.kill()
+
+
+def test_a_second_sigterm_does_not_cut_the_cleanup_short(tmp_path):
+    """The first SIGTERM (on_kill) sends the CLI through its `finally` blocks, which stop its server (up to
+    ~50 s); the second (the task process then dying) must not interrupt them."""
+    import os
+    import signal
+    import subprocess
+
+    started, done = tmp_path / "cleanup.started", tmp_path / "cleanup.done"
+    cli = subprocess.Popen([sys.executable, "-c", (
+        "import signal, time\n"
+        "from eagle3.cli import _exit_on_sigterm\n"
+        "signal.signal(signal.SIGTERM, _exit_on_sigterm)\n"
+        f"open({str(tmp_path / 'ready')!r}, 'w').write('1')\n"
+        "try:\n"
+        "    time.sleep(600)\n"
+        "finally:\n"
+        f"    open({str(started)!r}, 'w').write('1')\n"
+        "    time.sleep(1.0)\n"
+        f"    open({str(done)!r}, 'w').write('1')\n")],
+        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    try:
+        _wait_for(tmp_path / "ready")
+        os.kill(cli.pid, signal.SIGTERM)
+        _wait_for(started)
+        os.kill(cli.pid, signal.SIGTERM)
+        assert cli.wait(timeout=30) == 128 + signal.SIGTERM
+        assert done.exists()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
