@@ -136,20 +136,29 @@ class TTTResult:
     """[S] masked positions where the draft's argmax equals the target's."""
     counts: torch.Tensor
     """[S] masked (trained) positions per step."""
+    eligible: torch.Tensor | None = None
+    """[S] positions whose step-i target is an assistant token of the same sample, the target's argmax in the
+    draft vocab or not: the decoder meets those too, and never proposes the out-of-vocab ones."""
 
     def metrics(self) -> dict[str, float]:
-        """`loss`, `loss_i`, `acc_i`, `sim_accept_len`, `tokens_i` as floats."""
-        return metrics_from_sums(float(self.loss.detach()), self.loss_sums, self.correct, self.counts)
+        """`loss`, `loss_i`, `acc_i`, `sim_accept_len`, `tokens_i` (and `in_vocab_i`) as floats."""
+        return metrics_from_sums(float(self.loss.detach()), self.loss_sums, self.correct, self.counts, self.eligible)
 
 
 def metrics_from_sums(loss: float, loss_sums: torch.Tensor, correct: torch.Tensor,
-                      counts: torch.Tensor) -> dict[str, float]:
-    """Metrics from (possibly all-reduced or accumulated) per-step sums."""
+                      counts: torch.Tensor, eligible: torch.Tensor | None = None) -> dict[str, float]:
+    """Metrics from (possibly all-reduced or accumulated) per-step sums. ``acc_i`` is over the trained positions
+    (the target's argmax in the draft vocab); with ``eligible``, `sim_accept_len` counts the out-of-vocab
+    positions as misses, as decoding meets them (`in_vocab_i`: the trained share of the eligible ones)."""
     n = counts.clamp(min=1).double()
     acc = (correct.double() / n).tolist()
-    out = {"loss": loss, "sim_accept_len": sim_accept_len(acc)}
+    hits = acc if eligible is None else (correct.double() / eligible.clamp(min=1).double()).tolist()
+    out = {"loss": loss, "sim_accept_len": sim_accept_len(hits)}
     for i, (l_i, a_i, c_i) in enumerate(zip((loss_sums.double() / n).tolist(), acc, counts.tolist())):
         out[f"loss_{i}"], out[f"acc_{i}"], out[f"tokens_{i}"] = l_i, a_i, float(c_i)
+    if eligible is not None:
+        for i, (c_i, e_i) in enumerate(zip(counts.tolist(), eligible.tolist())):
+            out[f"in_vocab_{i}"] = c_i / e_i if e_i else 1.0
     return out
 
 
@@ -285,14 +294,16 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
     history: list = []  # k0, v0, k1, v1, ...: flat, so a checkpointed step takes them as tensor arguments
     total = hidden.new_zeros(())
     sums, correct, counts = [], [], []
-    masks = []
+    masks, eligible = [], []
     for i in range(ttt_length):
         same_sample = (_shift(segs, 2 + i, -1) == segs) & (segs != 0)
-        mask = _shift(loss_mask, 2 + i, False) & _shift(in_draft, 1 + i, False) & same_sample
+        wanted = _shift(loss_mask, 2 + i, False) & same_sample
+        mask = wanted & _shift(in_draft, 1 + i, False)
         # Positions t >= width-1-i have no target (the mask is 0 there), so the loss
         # is taken on the first `valid` rows against the target at t+1+i: slices, no copies.
         valid = min(rows, max(width - 1 - i - lo, 0))
         masks.append((mask[:, :valid], valid))
+        eligible.append(wanted[:, :valid].sum())
     picked = None
     if sparse is not False and ttt_length > 1 and attention == "blockwise" and shard.world == 1 \
             and not torch.compiler.is_compiling():
@@ -328,4 +339,4 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor,
         sums.append(step_sum.detach())
         correct.append(step_correct)
         counts.append(n)
-    return TTTResult(total, torch.stack(sums), torch.stack(correct), torch.stack(counts))
+    return TTTResult(total, torch.stack(sums), torch.stack(correct), torch.stack(counts), torch.stack(eligible))

@@ -187,17 +187,18 @@ class Trainer:
 
     def _run(self, ids: list[str], denominators: torch.Tensor, grad: bool,
              ahead: list[str] = ()) -> tuple[torch.Tensor, bool]:
-        """Sums [loss, loss_sums(S), correct(S), counts(S)] over this rank's micro-batches, and an OOM flag.
+        """Sums [loss, loss_sums(S), correct(S), counts(S), eligible(S)] over this rank's micro-batches, and an
+        OOM flag.
         ``ahead``: this rank's samples of the next step, whose target states an online source may prefetch."""
         s = self.cfg.ttt_length
-        sums = torch.zeros(1 + 3 * s, dtype=torch.float64)
+        sums = torch.zeros(1 + 4 * s, dtype=torch.float64)
         try:
             mbs = list(data.micro_batches(ids, self.lengths, self.micro))
             self.inp.source.schedule(mbs + list(data.micro_batches(list(ahead), self.lengths, self.micro)))
             for mb in mbs:
                 res = self._micro(mb, denominators, grad)
                 sums += torch.cat([res.loss.detach().reshape(1).double().cpu(), res.loss_sums.double().cpu(),
-                                   res.correct.double().cpu(), res.counts.double().cpu()])
+                                   res.correct.double().cpu(), res.counts.double().cpu(), res.eligible.double().cpu()])
                 del res
             return sums, False
         except Exception as e:  # noqa: BLE001 - anything but an OOM is re-raised
@@ -365,13 +366,14 @@ class Trainer:
 
         s = self.cfg.ttt_length
         m = metrics_from_sums(float(sums[0]) if loss is None else loss, sums[1:1 + s], sums[1 + s:1 + 2 * s],
-                              sums[1 + 2 * s:])
+                              sums[1 + 2 * s:1 + 3 * s], sums[1 + 3 * s:])
         # "loss": sum_i decay^i * loss_i (per-step means over trained positions), comparable between train
         # and eval; "objective": what the optimizer minimized (global denominators, see objective.py).
         m["objective"] = m["loss"]
         m["loss"] = sum(DEFAULT_STEP_DECAY ** i * m[f"loss_{i}"] for i in range(s))
         m["loss_i"] = [m[f"loss_{i}"] for i in range(s)]
         m["acc_i"] = [m[f"acc_{i}"] for i in range(s)]
+        m["in_vocab_i"] = [m[f"in_vocab_{i}"] for i in range(s)]
         return m
 
     # -- the loop ----------------------------------------------------------------------

@@ -78,6 +78,27 @@ def test_positions_whose_target_argmax_is_outside_draft_vocab_are_masked():
     assert _loss0(model, batch)[1] == 1
 
 
+def test_out_of_vocab_positions_count_as_misses_in_the_offline_estimate():
+    """Step i at t is eligible where loss_mask[t+2+i] (same sample); of those, the trained ones also need the
+    target argmax at t+1+i in the draft vocab. Decoding never proposes an out-of-vocab token, so the estimate's
+    hit rate is correct / eligible, not correct / trained (which made the offline tau optimistic)."""
+    model = make_tiny_draft()
+    t = 12
+    batch = tiny_batch(model.config, b=1, t=t)
+    batch["loss_mask"] = torch.ones(1, t, dtype=torch.uint8)
+    batch["target_argmax_in_draft"][0] = True
+    batch["target_argmax_in_draft"][0, 4] = False  # step 0 at t=3, step 1 at t=2, step 2 at t=1
+    with torch.no_grad():
+        r = ttt_forward(model, **batch, ttt_length=3)
+    # eligible: t + 2 + i <= 11, i.e. t = 0 .. 9 - i
+    assert r.eligible.tolist() == [10, 9, 8] and r.counts.tolist() == [9, 8, 7]
+    m = r.metrics()
+    hits = [c / e for c, e in zip(r.correct.tolist(), [10, 9, 8])]
+    assert m["sim_accept_len"] == sim_accept_len(hits)
+    assert [m[f"in_vocab_{i}"] for i in range(3)] == [0.9, 8 / 9, 7 / 8]
+    assert m["acc_0"] == r.correct[0].item() / 9
+
+
 def test_packed_samples_do_not_see_each_other():
     """Two samples packed in one row (plus padding) give the sums of each alone."""
     model = make_tiny_draft()

@@ -46,7 +46,9 @@ def test_train_learns_logs_every_ttt_step_and_evaluates(tiny_store, tmp_path):
     evals = read_metrics(str(out / "metrics.jsonl"), "eval")
     assert [e["step"] for e in evals] == [7, 14]
     for e in evals:
-        a = e["acc_i"]
+        # a position whose target argmax is outside the draft vocab is a miss in decoding: p_i = acc_i x in_vocab_i
+        a = [acc * share for acc, share in zip(e["acc_i"], e["in_vocab_i"])]
+        assert all(0 < share <= 1 for share in e["in_vocab_i"]) and min(e["in_vocab_i"]) < 1
         assert e["sim_accept_len"] == pytest.approx(1 + a[0] + a[0] * a[1] + a[0] * a[1] * a[2])
     assert summary["sim_accept_len"] == pytest.approx(evals[-1]["sim_accept_len"])
     ck = checkpoint.load_latest(str(out))
