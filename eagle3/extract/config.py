@@ -112,6 +112,10 @@ class ExtractConfig:
             raise InputError(f"ExtractConfig: {', '.join(f'{k}={v!r}' for k, v in served.items())} only apply to "
                              "engine='vllm' or engine='sglang' (the transformers engine runs on one device); set "
                              "one of them or drop these settings")
+        if any(a == "-q" or a.split("=", 1)[0] == "--quantization" for a in self.server_args):
+            # the store records ExtractConfig.quantization and refuses a store of another one: keep it true
+            raise InputError(f"ExtractConfig.server_args={list(self.server_args)!r} sets the server's quantization; "
+                             "set ExtractConfig.quantization (--quantization) instead, which the store records")
         if self.engine == "sglang" and self.pipeline_parallel_size > 1:
             raise InputError(f"ExtractConfig.pipeline_parallel_size={self.pipeline_parallel_size} with "
                              "engine='sglang': SGLang captures EAGLE-3 aux states on its last pipeline stage only "

@@ -8,9 +8,12 @@ extracts shard by shard; each shard is published atomically and then added to
 ``index-<task>.json``. After an out-of-memory it halves the token budget
 (never below one sample of the longest length: eagle3.oom.halved_budget),
 writes it to ``adapt-<task>.json`` and raises GpuOutOfMemory; the next run
-starts from that budget. The forward is ``engine``'s: transformers in this
-process (eagle3.extract.capture), or a vLLM or SGLang server the task starts and
-stops (eagle3.extract.served); everything else is the same for all of them.
+starts from that budget. At its start it re-extracts its own missing or damaged
+shards in place, and drops other tasks' ones that hold its samples from their
+indexes (those samples are then extracted again). The forward is ``engine``'s:
+transformers in this process (eagle3.extract.capture), or a vLLM or SGLang
+server the task starts and stops (eagle3.extract.served); everything else is the
+same for all of them.
 """
 
 from __future__ import annotations
@@ -164,6 +167,8 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
         elif adapted < budget:
             log.info("%s halved budget %s to %d on %s; this task asks %d on %s: taken as asked",
                      writer.adapt_path(), adapt.get("asked"), adapted, adapt.get("device"), budget, here)
+    # another task's bad shard is not this task's to rewrite, but its samples of this task are
+    dropped = writer.drop_bad_shards_of_others(s.id for s in mine)
     repairs = _repair_plan(writer, mine, budget)
     done = writer.done_ids()  # a repaired shard's samples too: they are rewritten in place, not added
     todo = order([s for s in mine if s.id not in done])
@@ -180,7 +185,7 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
         "forward": cap.forward_path, "precision": cap.precision.to_dict(), "engine": engine,
         "samples_in_task": len(mine), "samples_skipped": len(mine) - len(todo) - repaired,
         "samples_extracted": 0,
-        "shards_repaired": [name for name, _ in repairs],
+        "shards_repaired": [name for name, _ in repairs], "shards_dropped": sorted(dropped),
         "tokens": 0, "shards_written": 0, "bytes_written": 0, "bytes_per_token": bpt, "token_budget": budget,
         "padding_share": round(1 - real / padded, 4) if padded else 0.0,
     }

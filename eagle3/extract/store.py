@@ -5,6 +5,7 @@ Layout (docs/CONTRACTS.md "Hidden-state store")::
     STORE/<model_fp>-L<a>_<b>_<c>-<storage_option>/   (the file rules: eagle3.extract.store_format)
         store.json                      model fingerprint/name, aux_layers, hidden/vocab size, storage_option,
                                         bytes/token, the compute precision and engine of the run that created it
+                                        (a writer whose engine quantization differs is refused)
         shard-<task>-<seq>.safetensors  packed samples (no padding), written atomically
         index-<task>.json               {shard: {sha256, samples, tokens, sample_ids, sample_tokens, precision,
                                                  engine}}
@@ -46,9 +47,9 @@ import time
 from eagle3 import storage as st
 from eagle3.errors import InputError
 from eagle3.extract.codec import decode, target_logprobs
-from eagle3.extract.store_format import (FORMAT, STORE_JSON, adapt_name, identity_diff, index_name,
-                                         read_indexes, read_store_json, resolve_store_dir, shard_seq, store_key,
-                                         upgraded_store_json)
+from eagle3.extract.store_format import (FORMAT, STORE_JSON, adapt_name, engine_quantization, identity_diff,
+                                         index_name, is_index_name, read_indexes, read_store_json,
+                                         resolve_store_dir, shard_seq, store_key, upgraded_store_json)
 from eagle3.extract.store_format import shard_name as new_shard_name  # write_shard has a shard_name argument
 from eagle3.storage_options import TOPK, bytes_per_token, option
 
@@ -94,6 +95,13 @@ class StoreWriter:
             if diff:
                 raise InputError(f"{path} describes another store: {diff} (stored, wanted); "
                                  "use another --out or remove that folder")
+            had, wanted = engine_quantization(old), engine_quantization(self.info)
+            if had != wanted:  # not in the store key, so a quantized and a plain target would share the folder
+                same = f"--quantization {had}" if had else "no --quantization"
+                raise InputError(f"this store was filled by the target served with quantization {had!r}, this "
+                                 f"task's engine serves it with {wanted!r}: another target, which training would "
+                                 f"mix in; extract with {same}, as the store was, or into another store (another "
+                                 "--out; in Airflow another storage_root)", file=path)
             if (old.get("precision") or {}).get("name") != (self.info["precision"] or {}).get("name"):
                 log.warning("%s was created with %s compute; this task computes in %s (the stored dtypes are the "
                             "same; index-%s.json records each shard's precision)", path,
@@ -129,6 +137,35 @@ class StoreWriter:
         self.index().pop(name, None)
         st.write_json(st.join(self.uri, index_name(self.task)), self.index())
         st.delete(st.join(self.uri, name))
+
+    def drop_bad_shards_of_others(self, sample_ids) -> dict[str, str]:
+        """Verify the shards of the OTHER indexes of this store (other tasks, another --shard count, online
+        write-back) that hold one of ``sample_ids``, and drop from its index each whose file is missing or fails
+        its sha256: its samples then count as not extracted, so the tasks they belong to extract them again
+        (``done_ids`` trusts every index, and only an index's own task repairs its shards in place).
+        Returns {shard: what was wrong}.
+
+        Tasks of one store run at once, so: a shard is dropped only when it is bad twice, the second time just
+        before the rewrite with its entry unchanged (its owner may be repairing it in place right now); the
+        index is re-read and rewritten atomically; the file stays (an owner's repair may be renaming over it).
+        """
+        wanted, dropped = set(sample_ids), {}
+        for name in sorted(st.list_files(self.uri)):
+            if not is_index_name(name) or name == index_name(self.task):
+                continue
+            path = st.join(self.uri, name)
+            mine = {k: e for k, e in st.read_json(path).items() if not wanted.isdisjoint(e["sample_ids"])}
+            if not (bad := corrupted_shards(self.uri, mine, use_marks=True)):
+                continue
+            now = st.read_json(path)
+            bad = corrupted_shards(self.uri, now, [k for k in bad if now.get(k) == mine[k]])
+            if bad:
+                st.write_json(path, {k: e for k, e in now.items() if k not in bad})
+                log.warning("extract: dropped %d corrupted shard(s) from %s (%s); their samples count as not "
+                            "extracted, the files are left in place", len(bad), path,
+                            ", ".join(f"{k}: {why}" for k, why in bad.items()))
+                dropped.update(bad)
+        return dropped
 
     def adapt_path(self) -> str:
         return st.join(self.uri, adapt_name(self.task))
@@ -330,8 +367,8 @@ class HiddenStateStore:
                              + f"; {REPAIR}", file=self.uri)
 
 
-REPAIR = ("re-run `eagle3 extract` with the same --merged/--out: it re-extracts every shard whose sha256 does not "
-          "match its index")
+REPAIR = ("re-run `eagle3 extract` with the same --merged/--out (without --shard, or all I/N of any N): it "
+          "re-extracts the samples of every shard that is missing or whose sha256 does not match its index")
 VERIFY_ENV = "EAGLE3_VERIFY"
 
 

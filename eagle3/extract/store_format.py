@@ -17,6 +17,14 @@ IDENTITY = ("format", "model_fingerprint", "aux_layers", "hidden_size", "vocab_s
 """The store.json keys every writer of one store folder must agree on (the rest describe how it was computed)."""
 
 
+def engine_quantization(info: dict) -> str | None:
+    """The server's runtime --quantization (e.g. fp8) of the engine that filled a store (store.json's or an
+    index entry's ``engine``): it changes the target, so one store holds one. None: the checkpoint as it is
+    (the vllm and sglang engines always record the key; the transformers engine, and stores from before
+    engines were recorded, never quantize)."""
+    return (info.get("engine") or {}).get("quantization")
+
+
 def store_key(model_fp: str, aux_layers: list[int], storage_option: str) -> str:
     """Folder name of one store: model fingerprint, aux layer ids and storage option (unchanged by the rename of
     store.json's keys: existing stores keep their folders)."""

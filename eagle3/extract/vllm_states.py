@@ -89,11 +89,17 @@ class TargetTail:
     """The target's final norm and (on demand) its lm_head, without its layers."""
 
     def __init__(self, model_dir: str, model: str):
+        from huggingface_hub.errors import StrictDataclassError  # transformers' config validation
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.model_dir, self.model = model_dir, model
-        with torch.device("meta"):  # the architecture's modules, no memory
-            self._meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+        try:
+            # the architecture's modules, no memory; never the checkpoint's own code (and no y/N prompt for it)
+            with torch.device("meta"):
+                self._meta = AutoModelForCausalLM.from_config(
+                    AutoConfig.from_pretrained(model_dir, trust_remote_code=False), trust_remote_code=False)
+        except (ValueError, KeyError, StrictDataclassError) as e:  # an input error: a retry cannot fix it
+            raise unknown_architecture(model_dir, model, e) from e
         self._names = {id(m): n for n, m in self._meta.named_modules()}
         base = getattr(self._meta, self._meta.base_model_prefix, None)
         norm = getattr(base, "norm", None)
@@ -140,6 +146,25 @@ class TargetTail:
                                                  else None), bias and self.checkpoint_tensor(bias))
         weight, bias = self._head
         return torch.nn.functional.linear(hidden.float(), weight, bias)
+
+
+def unknown_architecture(model_dir: str, model: str, err: Exception) -> InputError:
+    """What to do when transformers cannot build the target's architecture (a newer or custom-code model_type
+    that vLLM itself may serve)."""
+    import transformers
+
+    path = os.path.join(model_dir, "config.json")
+    try:
+        model_type = json.loads(Path(path).read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    said = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    return InputError(f"model {model!r}: transformers {transformers.__version__} cannot build model_type "
+                      f"{model_type!r} ({said}); the vllm engine applies the target's final norm (and reads "
+                      "fp8-topk's lm_head) through the module transformers builds for it, never running the "
+                      "checkpoint's own code. Install a transformers that knows this model_type in this project's "
+                      "venv, or extract with --engine sglang --storage-option fp8-topk, which needs neither",
+                      file=path)
 
 
 def _checkpoint_files(model_dir: str, model: str) -> dict[str, str]:

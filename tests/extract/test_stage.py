@@ -19,8 +19,8 @@ pytestmark = pytest.mark.precision  # the numbers follow the precision policy (m
 
 
 def _cfg(merged, model, out, **kw):
-    return ExtractConfig(merged=merged, model=model, out=str(out), device="cpu", token_budget=256, shard_mb=1,
-                         progress_every_s=0, **kw)
+    return ExtractConfig(merged=merged, model=model, out=str(out),
+                         **{"device": "cpu", "token_budget": 256, "shard_mb": 1, "progress_every_s": 0, **kw})
 
 
 def test_store_holds_exact_real_tokens_matching_single_sample_forward(tmp_path, tiny_llama_dir, caplog):
@@ -68,6 +68,47 @@ def test_tasks_split_the_work_and_write_their_own_files(tmp_path, tiny_llama_dir
     assert sorted(store.sample_ids()) == sorted(s["id"] for s in samples)
     # a single task afterwards finds everything stored
     assert extract(_cfg(merged, tiny_llama_dir, out))["samples_extracted"] == 0
+
+
+@pytest.mark.parametrize("damage", ["flipped", "deleted"])
+def test_another_tasks_bad_shard_is_dropped_and_its_samples_extracted_again(tmp_path, tiny_llama_dir, monkeypatch,
+                                                                             damage):
+    """A store filled by tasks 0/2 and 1/2, then a 1of2 shard rots or goes. Train's error says to re-run
+    extract; a run with another split (here none) must repair it, although the shard is not in its own index
+    and its samples are listed as done: it drops the shard from index-1of2.json and extracts those samples, so
+    the store then verifies and holds every sample once. A sibling (0/2) holds none of them and leaves it."""
+    from pathlib import Path
+
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))  # this test's verified marks only
+    samples = make_samples(16, seed=5)
+    merged, out = write_merged(tmp_path / "m", samples), tmp_path / "store"
+    for i in range(2):
+        extract(_cfg(merged, tiny_llama_dir, out, shard=f"{i}/2", shard_mb=0.03))
+    store = HiddenStateStore(str(out))
+    index = Path(store.uri) / "index-1of2.json"
+    names = sorted(n for n in store.shards if "-1of2-" in n)
+    assert len(names) > 1
+    shard, ids = Path(store.uri) / names[0], store.shards[names[0]]["sample_ids"]
+    if damage == "flipped":
+        data = bytearray(shard.read_bytes())
+        data[-5] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    else:
+        shard.unlink()
+    with pytest.raises(InputError, match=f"{shard.name}: .*re-run `eagle3 extract`"):
+        store.check()
+    before = index.read_bytes()
+    assert extract(_cfg(merged, tiny_llama_dir, out, shard="0/2", shard_mb=0.03))["samples_extracted"] == 0
+    assert index.read_bytes() == before  # none of 0/2's samples are in it: task 1/2's to repair
+    summary = extract(_cfg(merged, tiny_llama_dir, out, shard_mb=0.03))
+    store = HiddenStateStore(str(out))
+    store.check()
+    assert summary["shards_dropped"] == [shard.name] and summary["samples_extracted"] == len(ids)
+    assert sorted(json.loads(index.read_text())) == names[1:]  # the other shards of 1of2 stay
+    listed = [sid for e in store.shards.values() for sid in e["sample_ids"]]
+    assert sorted(listed) == sorted(s["id"] for s in samples)  # every sample, once
+    again = extract(_cfg(merged, tiny_llama_dir, out, shard_mb=0.03))
+    assert (again["samples_extracted"], again["shards_dropped"]) == (0, [])
 
 
 def test_layer_override_keys_the_store(tmp_path, tiny_llama_dir, merged_small):

@@ -82,6 +82,42 @@ def test_verify_reports_a_corrupted_shard(tmp_path):
     assert len(problems) == 1 and "sha256" in problems[0]
 
 
+def test_another_tasks_bad_shard_is_dropped_from_its_index_only_when_verifiably_bad(tmp_path, monkeypatch):
+    """Tasks of one store run at once: a task drops another task's shard only when it holds one of its samples
+    and is still bad when checked again just before the index is rewritten (not mid-repair by its owner)."""
+    from eagle3.extract import store as store_module
+
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    other = _writer(tmp_path, task="1of2")
+    other.write_shard(_samples("bf16", [3, 4]))  # s0-0, s0-1
+    other.write_shard(_samples("bf16", [5], seed=1))  # s1-0
+    me = _writer(tmp_path, task="0of1")
+    shard, index = (os.path.join(me.uri, n) for n in ("shard-1of2-00000.safetensors", "index-1of2.json"))
+    good = open(shard, "rb").read()
+    open(shard, "wb").write(good[:-1] + bytes([good[-1] ^ 0xFF]))
+    before = open(index).read()
+    assert me.drop_bad_shards_of_others(["s1-0"]) == {}  # holds none of this task's samples
+    real = store_module.corrupted_shards
+
+    def repaired_meanwhile(*args, **kw):  # its owner's in-place repair lands between the two checks
+        bad = real(*args, **kw)
+        open(shard, "wb").write(good)
+        return bad
+
+    monkeypatch.setattr(store_module, "corrupted_shards", repaired_meanwhile)
+    assert me.drop_bad_shards_of_others(["s0-0"]) == {}
+    assert open(index).read() == before and me.done_ids() == {"s0-0", "s0-1", "s1-0"}
+    monkeypatch.setattr(store_module, "corrupted_shards", real)
+    open(shard, "wb").write(good[:-1] + bytes([good[-1] ^ 0xFF]))
+    dropped = me.drop_bad_shards_of_others(["s0-0", "s9"])
+    assert list(dropped) == ["shard-1of2-00000.safetensors"] and "sha256" in dropped[shard.rsplit("/", 1)[1]]
+    assert list(json.load(open(index))) == ["shard-1of2-00001.safetensors"] and me.done_ids() == {"s1-0"}
+    _writer(tmp_path, task="1of2").write_shard(_samples("bf16", [2], seed=2))  # its owner's next run
+    os.remove(os.path.join(me.uri, "shard-1of2-00002.safetensors"))  # a missing file is as bad
+    assert list(me.drop_bad_shards_of_others(["s2-0"])) == ["shard-1of2-00002.safetensors"]
+    assert HiddenStateStore(me.uri).verify() == []
+
+
 @pytest.mark.parametrize("storage", ["bf16", "fp8", "fp8-topk"])
 def test_bytes_per_token_matches_files(tmp_path, storage):
     head = torch.nn.Linear(H, V, bias=False)
@@ -139,6 +175,31 @@ def test_store_json_mismatch_is_refused(tmp_path):
     _writer(tmp_path)
     with pytest.raises(InputError, match="another store"):
         _writer(tmp_path, vocab_size=V + 1)
+
+
+def test_a_runtime_quantization_other_than_the_stores_is_refused(tmp_path):
+    """--quantization changes the target but not the store key: a store holds the states of one."""
+    fp8 = {"name": "vllm", "version": "0.32.0", "quantization": "fp8"}
+    _writer(tmp_path, engine=fp8).write_shard(_samples("bf16", [3]))
+    for engine, had, wanted in [({**fp8, "quantization": None}, "'fp8'", "None"),
+                                ({"name": "transformers", "version": "5.24.0"}, "'fp8'", "None"),
+                                ({**fp8, "quantization": "awq"}, "'fp8'", "'awq'")]:
+        with pytest.raises(InputError, match=f"store.json: this store was filled by the target served with "
+                                             f"quantization {had}, this task's engine serves it with {wanted}.*"
+                                             "extract with --quantization fp8, as the store was, or into another "
+                                             "store"):
+            _writer(tmp_path, task="1of2", engine=engine)
+    _writer(tmp_path, task="1of2", engine={**fp8, "tensor_parallel_size": 8})  # the same target
+    plain = {"name": "vllm", "version": "0.32.0", "quantization": None}
+    path = os.path.join(_writer(tmp_path / "b", engine={"name": "transformers", "version": "5.24.0"}).uri,
+                        "store.json")
+    _writer(tmp_path / "b", task="1of2", engine=plain)  # the transformers engine never quantizes
+    info = json.load(open(path))
+    del info["engine"]  # as written before engines were recorded (the transformers engine alone)
+    open(path, "w").write(json.dumps(info))
+    _writer(tmp_path / "b", task="1of2", engine=plain)
+    with pytest.raises(InputError, match="extract with no --quantization, as the store was"):
+        _writer(tmp_path / "b", task="1of2", engine=fp8)
 
 
 def test_root_with_two_stores_asks_for_one(tmp_path):

@@ -117,6 +117,28 @@ def test_target_tail_is_the_targets_own_norm_with_its_weights(tiny_llama_dir, tm
         assert torch.allclose(tail.lm_head(x), model.lm_head(x), atol=1e-5)
 
 
+def _unknown_arch(tiny_llama_dir, folder, **extra) -> str:
+    """The tiny Llama under a model_type this transformers does not know (a newer or custom-code target)."""
+    import shutil
+
+    shutil.copytree(tiny_llama_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="eagle3_test_arch", architectures=["Eagle3TestArchForCausalLM"], **extra)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+@pytest.mark.parametrize("custom_code", [False, True])
+def test_target_tail_of_an_architecture_transformers_does_not_know_is_an_input_error(tiny_llama_dir, tmp_path,
+                                                                                     custom_code):
+    extra = {"auto_map": {"AutoConfig": "configuration_x.XConfig",
+                          "AutoModelForCausalLM": "modeling_x.XForCausalLM"}} if custom_code else {}
+    model = _unknown_arch(tiny_llama_dir, tmp_path / "t", **extra)
+    with pytest.raises(InputError, match=f"^{tmp_path}/t/config.json: model 'x': transformers .* cannot build "
+                                         "model_type 'eagle3_test_arch' .*--engine sglang --storage-option fp8-topk"):
+        TargetTail(model, "x")  # custom code: refused, never run, never asked about on a terminal
+
+
 def test_config_refuses_server_settings_for_the_transformers_engine():
     ExtractConfig("m", "x", "o", engine="vllm", tensor_parallel_size=8, quantization="fp8")
     with pytest.raises(InputError, match="tensor_parallel_size=8 only apply to engine='vllm'"):
@@ -124,6 +146,9 @@ def test_config_refuses_server_settings_for_the_transformers_engine():
     with pytest.raises(InputError, match="engine='tgi': choose one of transformers, vllm, sglang"):
         ExtractConfig("m", "x", "o", engine="tgi")
     assert ExtractConfig("m", "x", "o", engine="vllm", tensor_parallel_size=4, pipeline_parallel_size=2).gpus() == 8
+    for args in (("--quantization", "fp8"), ("--quantization=fp8",), ("-q", "fp8")):  # the store records the field
+        with pytest.raises(InputError, match="sets the server's quantization; set ExtractConfig.quantization"):
+            ExtractConfig("m", "x", "o", engine="vllm", server_args=args)
 
 
 # -- the lifecycle on a fake vLLM: a shell script standing in for vLLM's python ----------------------------
@@ -166,6 +191,21 @@ def test_a_failed_start_quotes_vllms_own_error(tmp_path, smollm2_dir):
     assert "vLLM said: ValueError: extract_hidden_states needs aux layer support" in out.stderr, out.stderr[-2000:]
     assert "draft" not in out.stderr.split("vLLM said:")[1].splitlines()[0]  # no draft to blame here
     assert _gone(int(open(pids).read()))
+
+
+def test_an_architecture_transformers_does_not_know_exits_2_naming_config_json(tmp_path, tiny_llama_dir):
+    """An input error (exit 2: Airflow does not retry it), not transformers' ValueError, before any server."""
+    python, pids = _fake_vllm(tmp_path, "exec sleep 300")
+    model = _unknown_arch(tiny_llama_dir, tmp_path / "t")
+    merged = write_merged(tmp_path / "m", make_samples(3, seed=2, max_len=12))
+    out = subprocess.run([sys.executable, "-m", "eagle3.cli", "extract", "--merged", merged, "--model", model,
+                          "--out", str(tmp_path / "s"), "--device", "cpu", "--engine", "vllm"],
+                         cwd=REPO, env=cli_env(EAGLE3_VLLM_PYTHON=python), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"{model}/config.json: model {model!r}: transformers" in out.stderr, out.stderr[-2000:]
+    assert "cannot build model_type 'eagle3_test_arch'" in out.stderr and "Traceback" not in out.stderr
+    assert not os.path.exists(pids)  # no server was started
 
 
 def test_sigterm_stops_the_server(tmp_path, smollm2_dir):
