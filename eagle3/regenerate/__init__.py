@@ -11,7 +11,8 @@ from eagle3.regenerate.config import RegenerateConfig, TooManyErrors
 
 
 def regenerate(cfg: RegenerateConfig, api_key: str | None = None) -> dict:
-    """Regenerate the selected datasets; returns ``{"manifest": derived manifest URI, "datasets": {name: stats}}``.
+    """Regenerate the selected datasets; returns ``{"manifest": derived manifest URI, "datasets": {name: stats},
+    "incomplete": {name: why}}`` (``regenerate: true`` datasets the derived manifest keeps on their source).
 
     ``api_key`` (openai) overrides the environment variable named by ``cfg.api_key_env``.
     It is never logged or written.

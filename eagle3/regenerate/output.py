@@ -2,7 +2,8 @@
 
 Each finished conversation is one line, written with flush + fsync, so a
 SIGKILL loses at most the conversations still in flight. On restart a torn
-last line (killed mid-write) is cut off, and the ids already present are
+last line (killed mid-write) is cut off, and the conversations already present
+(matched by resume key: id plus content hash, ``conversations.resume_key``) are
 skipped. When every conversation is done the file is rewritten atomically in
 source order, so two runs with the same answers give the same bytes (and the
 same tokenize fingerprint).
@@ -18,10 +19,11 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from eagle3 import storage
 from eagle3.errors import InputError
+from eagle3.regenerate.conversations import resume_key
 
 RECORDS = "regenerated.jsonl"
 STATS = "stats.json"
@@ -37,8 +39,29 @@ def work_dir(out: str, dataset: str) -> Path:
     return Path(out, dataset)
 
 
+def record_key(rec: dict[str, Any]) -> str:
+    """The resume key of a finished conversation, from its provenance (``Conversation.key`` of its record)."""
+    return resume_key(rec["id"], rec.get("original_messages"), rec.get("tools"))
+
+
+def _made_with(rec: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in rec["regeneration"].items() if k in settings}
+
+
+def _complete_lines(path: Path) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """(raw line, record) of each whole line, up to the first torn or unreadable one (a kill mid-write)."""
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                return
+            try:
+                yield raw, json.loads(raw)
+            except json.JSONDecodeError:
+                return
+
+
 class RecordLog:
-    """Append-only JSONL of finished conversations, keyed by conversation id."""
+    """Append-only JSONL of finished conversations, keyed by resume key (``record_key``)."""
 
     def __init__(self, path: Path, settings: dict[str, Any], restart: bool = False):
         self.path = path
@@ -46,35 +69,28 @@ class RecordLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         if restart and path.exists():
             path.unlink()
-        self.done: dict[str, dict[str, Any]] = {}  # id -> {"line", "prompt_tokens", "completion_tokens", ...}
+        self.done: dict[str, dict[str, Any]] = {}  # key -> {"id", "line", "prompt_tokens", ...}, in file order
         self._load()
         self._f = open(path, "ab")
 
     def _load(self) -> None:
         if not self.path.exists():
             return
-        good_bytes = 0
-        with open(self.path, "rb") as f:
-            for n, raw in enumerate(f, start=1):
-                if not raw.endswith(b"\n"):
-                    break  # torn by a kill mid-write: dropped below, redone by this run
-                try:
-                    rec = json.loads(raw)
-                except json.JSONDecodeError:
-                    break
-                made_with = {k: v for k, v in rec["regeneration"].items() if k in self.settings}
-                if made_with != self.settings:
-                    differ = sorted(k for k in self.settings if made_with.get(k) != self.settings[k])
-                    raise InputError(
-                        f"{self.path}:{n}: conversation {rec['id']} was regenerated with "
-                        + ", ".join(f"{k}={made_with.get(k)!r}" for k in differ) + "; this run asks for "
-                        + ", ".join(f"{k}={self.settings[k]!r}" for k in differ) + ". To regenerate the dataset "
-                        "with this run's settings: in the Airflow trigger form, switch on \"Regenerate from "
-                        "scratch\" (regenerate_restart), or set another storage root; on the command line, pass "
-                        "--restart or a new --out folder. To reuse the kept answers, set the settings back."
-                    )
-                self.done[rec["id"]] = _summary(rec)
-                good_bytes += len(raw)
+        good_bytes = 0  # a torn last line is dropped below, redone by this run
+        for n, (raw, rec) in enumerate(_complete_lines(self.path), start=1):
+            made_with = _made_with(rec, self.settings)
+            if made_with != self.settings:
+                differ = sorted(k for k in self.settings if made_with.get(k) != self.settings[k])
+                raise InputError(
+                    f"{self.path}:{n}: conversation {rec['id']} was regenerated with "
+                    + ", ".join(f"{k}={made_with.get(k)!r}" for k in differ) + "; this run asks for "
+                    + ", ".join(f"{k}={self.settings[k]!r}" for k in differ) + ". To regenerate the dataset "
+                    "with this run's settings: in the Airflow trigger form, switch on \"Regenerate from "
+                    "scratch\" (regenerate_restart), or set another storage root; on the command line, pass "
+                    "--restart or a new --out folder. To reuse the kept answers, set the settings back."
+                )
+            self.done[record_key(rec)] = _summary(rec)
+            good_bytes += len(raw)
         if good_bytes < self.path.stat().st_size:
             with open(self.path, "r+b") as f:
                 f.truncate(good_bytes)
@@ -83,28 +99,44 @@ class RecordLog:
         self._f.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
         self._f.flush()
         os.fsync(self._f.fileno())
-        self.done[record["id"]] = _summary(record)
+        self.done[record_key(record)] = _summary(record)
 
     def close(self) -> None:
         self._f.close()
 
-    def rewrite(self, keep_ids: set[str]) -> None:
-        """Rewrite the file in source order, keeping only ``keep_ids`` (conversations of a source
-        that changed since an earlier run are dropped); atomic, called when nothing is in flight."""
+    def in_order(self, lines: dict[str, int]) -> bool:
+        """Whether the file holds exactly the finished ones of ``lines`` (key -> source line now), in that
+        order and at those lines."""
+        kept = [(k, n) for k, n in lines.items() if k in self.done]
+        return [k for k, _ in kept] == list(self.done) and all(self.done[k]["line"] == n for k, n in kept)
+
+    def rewrite(self, lines: dict[str, int]) -> None:
+        """Rewrite the file in source order, keeping only the keys of ``lines`` (answers to records changed
+        since an earlier run are dropped), each at its line now (a record with its own id may have moved);
+        atomic, called when nothing is in flight."""
         self.close()
-        lines = [raw for raw in self.path.read_bytes().splitlines(keepends=True)
-                 if json.loads(raw)["id"] in keep_ids]
-        lines.sort(key=lambda raw: json.loads(raw)["source"]["line"])
-        self.done = {k: v for k, v in self.done.items() if k in keep_ids}
-        storage.write_bytes(str(self.path), b"".join(lines))
+        kept: dict[str, bytes] = {}
+        for raw in self.path.read_bytes().splitlines(keepends=True):
+            rec = json.loads(raw)
+            key = record_key(rec)
+            if key not in lines or key in kept:
+                continue
+            if rec["source"]["line"] != lines[key]:
+                rec["source"]["line"] = lines[key]
+                raw = (json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8")
+            kept[key] = raw
+        order = sorted(kept, key=lines.__getitem__)
+        self.done = {k: {**self.done[k], "line": lines[k]} for k in order}
+        storage.write_bytes(str(self.path), b"".join(kept[k] for k in order))
         self._f = open(self.path, "ab")
 
 
 def _summary(rec: dict[str, Any]) -> dict[str, Any]:
     regen = rec["regeneration"]
-    return {"line": rec["source"]["line"], "prompt_tokens": regen["prompt_tokens"],
+    return {"id": rec["id"], "line": rec["source"]["line"], "prompt_tokens": regen["prompt_tokens"],
             "completion_tokens": regen["completion_tokens"], "requests": len(regen["turns"]),
-            "truncated": bool(regen.get("truncated"))}
+            "truncated": bool(regen.get("truncated")),
+            "at_max_tokens": sum(t.get("finish_reason") == "length" for t in regen["turns"])}
 
 
 class ErrorLog:
@@ -134,11 +166,34 @@ def publish(local: Path, out: str, dataset: str) -> None:
                 storage.put_file(local / name, storage.join(out, dataset, name))
 
 
-def fetch_previous(local: Path, out: str, dataset: str) -> None:
-    """Resume from S3: fetch the earlier output when this machine has no local copy of it."""
+def fetch_previous(local: Path, out: str, dataset: str, settings: dict[str, Any]) -> None:
+    """Resume from S3: merge the uploaded output into this machine's copy, by resume key.
+
+    A retry lands on any machine: this one's copy may be older than what another uploaded since, and
+    one killed before its upload holds answers S3 lacks. Both are kept (S3's first), so none is paid for
+    twice and the upload at the end loses none. This copy's answers made with other settings than this
+    run's are a stale cache and dropped.
+    """
     remote = storage.join(out, dataset, RECORDS)
-    if storage.is_s3(out) and not (local / RECORDS).exists() and storage.exists(remote):
-        storage.get_file(remote, local / RECORDS)
+    if not storage.is_s3(out) or not storage.exists(remote):
+        return
+    path = local / RECORDS
+    if not path.exists():
+        storage.get_file(remote, path)
+        return
+    fetched = path.with_name(RECORDS + ".s3")
+    storage.get_file(remote, fetched)
+    theirs = list(_complete_lines(fetched))
+    mine = [(raw, rec) for raw, rec in _complete_lines(path) if _made_with(rec, settings) == settings]
+    merged: dict[str, bytes] = {}
+    for raw, rec in theirs + mine:
+        # Answers here made with this run's settings (a restart not uploaded yet) replace S3's made with
+        # others; without such, S3's output is kept as it is and RecordLog checks its settings.
+        if mine and _made_with(rec, settings) != settings:
+            continue
+        merged.setdefault(record_key(rec), raw)
+    storage.write_bytes(str(path), b"".join(merged.values()))
+    fetched.unlink()
 
 
 def write_derived_manifest(manifest: str, out: str, replaced: dict[str, str]) -> str:
@@ -161,6 +216,27 @@ def write_derived_manifest(manifest: str, out: str, replaced: dict[str, str]) ->
     uri = storage.join(out, DERIVED_MANIFEST)
     storage.write_text(uri, yaml.safe_dump({"datasets": entries}, sort_keys=False))
     return uri
+
+
+def left_on_source(manifest: str, out: str, replaced: dict[str, str]) -> dict[str, str]:
+    """The ``regenerate: true`` datasets of ``manifest`` not in ``replaced``: the derived manifest keeps their
+    source, so tokenize of it trains on their original answers. Each with why (no output, unfinished, failed)."""
+    from eagle3.datasets.manifest import load_manifest
+
+    left = {}
+    for spec in load_manifest(manifest, check_sources=False):
+        if not spec.regenerate or spec.name in replaced:
+            continue
+        uri = storage.join(out, spec.name, STATS)
+        stats = storage.read_json(uri) if storage.exists(uri) else None
+        if stats is None:
+            left[spec.name] = "not regenerated yet"
+        elif not stats.get("complete"):
+            left[spec.name] = f"unfinished: {stats.get('done')} of {stats.get('conversations')} conversations done"
+        else:
+            left[spec.name] = (f"{stats.get('failed')} of {stats.get('conversations')} conversations failed, "
+                               "over max_error_share")
+    return left
 
 
 def completed_outputs(out: str) -> dict[str, str]:

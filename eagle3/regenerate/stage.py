@@ -29,6 +29,13 @@ from eagle3.regenerate.replay import Completion, RequestFailed, replay
 
 log = logging.getLogger(__name__)
 
+MAX_TOKENS_WARN_SHARE = 0.05
+"""Share of a dataset's regenerated answers that stopped at max_tokens (finish_reason "length") above which the
+stage warns. Such an answer is cut mid-sentence, and the chat template closes it with an end-of-turn token the
+target did not emit there, so the draft learns to end answers early; a few cut in the long tail are normal, more
+mean max_tokens is below the target's usual answer length."""
+
+
 def _redact(url: str) -> str:
     return re.sub(r"//[^/@]+@", "//***@", url)
 
@@ -83,31 +90,55 @@ def _record(conv: Conversation, spec_source: str, settings: dict, result) -> dic
     return rec
 
 
+class _Progress(Progress):
+    """Progress lines that also count this run's answers cut at max_tokens (seen while the run is long)."""
+
+    at_max_tokens = 0
+
+    def line(self) -> str:
+        return super().line() + (f", {self.at_max_tokens} answers cut at max_tokens" if self.at_max_tokens else "")
+
+
+def _read(spec, done: dict) -> tuple[list[Conversation], dict[str, int], list[tuple[int, str]], int]:
+    """The conversations still to do, every good one's resume key -> line (source order), the bad records
+    (line, reason) and the record count."""
+    todo: list[Conversation] = []
+    lines: dict[str, int] = {}
+    bad: list[tuple[int, str]] = []
+    total = 0
+    for line, item in read_conversations(spec.source, spec.format, spec.max_samples):
+        total += 1
+        if isinstance(item, BadRecord):
+            bad.append((line, str(item)))
+            continue
+        key = item.key
+        lines[key] = line
+        if key not in done:
+            todo.append(item)
+    return todo, lines, bad, total
+
+
 async def _run_dataset(cfg: RegenerateConfig, spec, backend) -> dict[str, Any]:
     start = time.monotonic()
     local = output.work_dir(cfg.out, spec.name)
     local.mkdir(parents=True, exist_ok=True)
     if not cfg.restart:
-        output.fetch_previous(local, cfg.out, spec.name)
+        output.fetch_previous(local, cfg.out, spec.name, cfg.settings())
     records = output.RecordLog(local / output.RECORDS, cfg.settings(), restart=cfg.restart)
+    try:  # read before errors.jsonl is emptied: an input refused (duplicate ids) leaves the earlier one
+        todo, lines, bad_records, total = _read(spec, records.done)
+    except BaseException:
+        records.close()
+        raise
     errors = output.ErrorLog(local / output.ERRORS, spec.source)
+    for line, reason in bad_records:
+        errors.add(line, None, reason, kind="bad_record")
+    bad = len(bad_records)
     meter = _Meter(backend)
-    todo: list[Conversation] = []
-    ids: set[str] = set()
-    total = bad = 0
-    for line, item in read_conversations(spec.source, spec.format, spec.max_samples):
-        total += 1
-        if isinstance(item, BadRecord):
-            bad += 1
-            errors.add(line, None, str(item), kind="bad_record")
-            continue
-        ids.add(item.id)
-        if item.id not in records.done:
-            todo.append(item)
-    resumed = len(ids) - len(todo)
+    resumed = len(lines) - len(todo)
     turns = sum(sum(m["role"] == "assistant" for m in c.messages) + 1 for c in todo)
-    progress = Progress(f"regenerate[{spec.name}]", total_samples=len(todo),
-                        total_tokens=turns * cfg.max_tokens, tokens_are_upper_bound=True, kept=resumed)
+    progress = _Progress(f"regenerate[{spec.name}]", total_samples=len(todo),
+                         total_tokens=turns * cfg.max_tokens, tokens_are_upper_bound=True, kept=resumed)
     log.info("regenerate[%s]: %d conversations, %d already done, %d to do, %d bad records",
              spec.name, total, resumed, len(todo), bad)
     failed = 0
@@ -123,6 +154,7 @@ async def _run_dataset(cfg: RegenerateConfig, spec, backend) -> dict[str, Any]:
                 errors.add(conv.line, conv.id, e.reason, kind="request_failed", attempts=e.attempts)
                 continue
             records.append(_record(conv, spec.source, cfg.settings(), result))
+            progress.at_max_tokens += sum(t["finish_reason"] == "length" for t in result.turns)
             progress.update(samples=1, tokens=result.completion_tokens)
 
     try:
@@ -130,20 +162,28 @@ async def _run_dataset(cfg: RegenerateConfig, spec, backend) -> dict[str, Any]:
     finally:
         errors.close()
         wall = time.monotonic() - start
-        finished = sum(i in records.done for i in ids)
+        finished = sum(k in records.done for k in lines)
         complete = finished + failed + bad == total
-        if complete and (todo or finished != len(records.done)):
-            records.rewrite(keep_ids=ids)
+        if complete and not records.in_order(lines):
+            records.rewrite(lines)
         records.close()
         stats = _stats(cfg, spec, records, total, resumed, bad, failed, meter, backend, wall, complete)
         storage.write_json(str(local / output.STATS), stats)
         output.publish(local, cfg.out, spec.name)
     progress.finish()
-    log.info("regenerate[%s]: %d done (%d this run, %d resumed), %d failed, %d bad; this run %d requests "
-             "(%d retries), %d prompt + %d completion tokens, %.1f s, %.0f completion tok/s, $%.4f",
-             spec.name, len(records.done), len(records.done) - resumed, resumed, failed, bad, meter.requests,
-             backend.retries, meter.prompt_tokens, meter.completion_tokens, wall,
-             stats["this_run"]["completion_tokens_per_s"], stats["this_run"]["cost_usd"])
+    log.info("regenerate[%s]: %d done (%d this run, %d resumed), %d failed, %d bad; %d of %d answers stopped at "
+             "max_tokens; this run %d requests (%d retries), %d prompt + %d completion tokens, %.1f s, "
+             "%.0f completion tok/s, $%.4f",
+             spec.name, len(records.done), len(records.done) - resumed, resumed, failed, bad,
+             stats["turns_at_max_tokens"], stats["requests"], meter.requests, backend.retries, meter.prompt_tokens,
+             meter.completion_tokens, wall, stats["this_run"]["completion_tokens_per_s"],
+             stats["this_run"]["cost_usd"])
+    cut, answers = stats["turns_at_max_tokens"], stats["requests"]
+    if answers and cut / answers > MAX_TOKENS_WARN_SHARE:
+        log.warning("regenerate[%s]: %d of %d answers (%.1f%%) stopped at max_tokens=%d, cut mid-answer; the draft "
+                    "learns to end answers where they were cut. Raise --max-tokens (Airflow: regenerate_max_tokens) "
+                    "and regenerate (a new --out, or --restart / \"Regenerate from scratch\")",
+                    spec.name, cut, answers, 100 * cut / answers, cfg.max_tokens)
     if not stats["passed"]:
         raise TooManyErrors(
             f"regenerate[{spec.name}]: {failed} of {total} conversations failed ({stats['error_share']:.1%} > "
@@ -163,6 +203,8 @@ def _stats(cfg, spec, records, total, resumed, bad, failed, meter, backend, wall
         "resumed": resumed, "failed": failed, "bad_records": bad, "error_share": error_share,
         "max_error_share": cfg.max_error_share, "passed": error_share <= cfg.max_error_share,
         "complete": complete, "truncated": sum(d["truncated"] for d in done),
+        # Answers (of "requests") that stopped at max_tokens: cut mid-answer (MAX_TOKENS_WARN_SHARE).
+        "turns_at_max_tokens": sum(d["at_max_tokens"] for d in done),
         # Tokens held by the output file, summed from each record's server-reported usage.
         "requests": sum(d["requests"] for d in done), "prompt_tokens": prompt, "completion_tokens": completion,
         "cost_usd": cfg.cost(prompt, completion),
@@ -277,7 +319,8 @@ def _served(cfg: RegenerateConfig):
 
 
 def run(cfg: RegenerateConfig, api_key: str | None = None) -> dict[str, Any]:
-    """Regenerate the selected datasets; returns ``{"manifest": derived manifest URI, "datasets": {name: stats}}``.
+    """Regenerate the selected datasets; returns ``{"manifest": derived manifest URI, "datasets": {name: stats},
+    "incomplete": {name: why}}`` (``regenerate: true`` datasets the derived manifest keeps on their source).
 
     ``api_key`` (openai) overrides the environment variable named by ``cfg.api_key_env``;
     pass it from an Airflow connection. It is never logged or written.
@@ -288,6 +331,13 @@ def run(cfg: RegenerateConfig, api_key: str | None = None) -> dict[str, Any]:
     if not specs:
         log.warning("regenerate: no dataset in %s has regenerate: true; nothing to do", cfg.manifest)
     results = asyncio.run(_run_all(cfg, specs, api_key)) if specs else {}
-    manifest = output.write_derived_manifest(cfg.manifest, cfg.out, output.completed_outputs(cfg.out))
+    replaced = output.completed_outputs(cfg.out)
+    manifest = output.write_derived_manifest(cfg.manifest, cfg.out, replaced)
     log.info("regenerate: derived manifest for tokenize: %s", manifest)
-    return {"manifest": manifest, "datasets": results, "config": {**asdict(cfg), "extra_body": None}}
+    incomplete = output.left_on_source(cfg.manifest, cfg.out, replaced)
+    for name, why in incomplete.items():
+        log.warning("regenerate: %s keeps dataset %r on its source (%s): tokenize of it trains on the original "
+                    "answers, not the target's; regenerate it (eagle3 regenerate --datasets %s) first",
+                    manifest, name, why, name)
+    return {"manifest": manifest, "datasets": results, "incomplete": incomplete,
+            "config": {**asdict(cfg), "extra_body": None}}

@@ -2,14 +2,17 @@
 
     python fake_openai_server.py --port P [--fail-first N --fail-status 429] [--delay S]
                                  [--log FILE] [--reasoning] [--upstream URL] [--health-status 200]
+                                 [--length-for TEXT]
 
 /v1/chat/completions answers deterministically: "answer <k> to: <last user text>"
 (k = the number of assistant turns already in the context, so a test can see
 turn-by-turn replay). usage: prompt_tokens = words in all messages,
 completion_tokens = words in the answer. With --upstream the request is
 forwarded to a real server instead (after the injected failures). The first N
-chat requests fail with --fail-status. Every answered request is appended to
---log as JSON: messages, usage, status. /health answers --health-status.
+chat requests fail with --fail-status. An answer to a user text containing a
+--length-for TEXT reports finish_reason "length" (stopped at max_tokens).
+Every answered request is appended to --log as JSON: messages, usage, status.
+/health answers --health-status.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def main(argv=None) -> None:
     p.add_argument("--reasoning", action="store_true")
     p.add_argument("--upstream")
     p.add_argument("--health-status", type=int, default=200)
+    p.add_argument("--length-for", action="append", default=[])
     args = p.parse_args(argv)
     serve(args)
 
@@ -85,7 +89,7 @@ def serve(args) -> None:
                 with urllib.request.urlopen(req, timeout=300) as r:
                     data = json.loads(r.read())
             else:
-                data = answer(body, args.reasoning)
+                data = answer(body, args.reasoning, args.length_for)
             log_line({"status": 200, "n": n, "messages": body["messages"], "usage": data["usage"],
                       "auth": self.headers.get("Authorization"), "sampling": {
                           k: body.get(k) for k in ("temperature", "top_p", "max_tokens", "seed")}})
@@ -96,7 +100,7 @@ def serve(args) -> None:
     server.serve_forever()
 
 
-def answer(body: dict, reasoning: bool) -> dict:
+def answer(body: dict, reasoning: bool, length_for: list[str] = ()) -> dict:
     msgs = body["messages"]
     k = sum(m["role"] == "assistant" for m in msgs)
     last_user = next(m["content"] for m in reversed(msgs) if m["role"] == "user")
@@ -106,7 +110,8 @@ def answer(body: dict, reasoning: bool) -> dict:
     if reasoning:
         message["reasoning_content"] = f"thinking about {last_user}"
     return {"id": "x", "object": "chat.completion", "model": body.get("model"),
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": "length" if any(t in last_user for t in length_for) else "stop"}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(text.split()),
                       "total_tokens": prompt_tokens + len(text.split())}}
 

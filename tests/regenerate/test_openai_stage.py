@@ -193,3 +193,69 @@ def test_a_new_seed_keeps_greedy_answers_but_not_sampled_ones(tmp_path, fake_ser
     regenerate(cfg(manifest, tmp_path / "sampled", server, seed=1, temperature=0.7))
     with pytest.raises(InputError, match=r"seed=1; this run asks for seed=2"):
         regenerate(cfg(manifest, tmp_path / "sampled", server, seed=2, temperature=0.7))
+
+
+def test_an_edited_record_keeps_its_id_and_is_answered_again(tmp_path, fake_server):
+    """Resume matches a record's own id and its content: an edited prompt whose id stayed is answered again
+    (its old answer dropped), and a record moved in the file keeps its answer at the line it is on now."""
+    server = fake_server()
+    convs = [{"id": f"c{i}", **c} for i, c in enumerate(conversations(3, turns=1))]
+    manifest = write_dataset(tmp_path, convs)
+    regenerate(cfg(manifest, tmp_path / "out", server))
+    convs[1]["messages"][1]["content"] = "a brand new question"
+    write_dataset(tmp_path, convs[::-1])
+    stats = regenerate(cfg(manifest, tmp_path / "out", server))["datasets"]["chat"]
+    assert (stats["resumed"], stats["this_run"]["requests"], stats["done"]) == (2, 1, 3)
+    recs = read_jsonl(tmp_path / "out/chat/regenerated.jsonl")
+    assert [(r["id"], r["source"]["line"]) for r in recs] == [("c2", 1), ("c1", 2), ("c0", 3)]  # the user's ids
+    assert recs[1]["messages"][1:] == [{"role": "user", "content": "a brand new question"},
+                                       {"role": "assistant", "content": "answer 0 to: a brand new question"}]
+
+
+def test_duplicate_ids_are_refused_before_any_request(tmp_path, fake_server):
+    server = fake_server()
+    convs = [{"id": i, **c} for i, c in zip(["a", "b", "a"], conversations(3, turns=1))]
+    manifest = write_dataset(tmp_path, convs)
+    with pytest.raises(InputError) as err:
+        regenerate(cfg(manifest, tmp_path / "out", server))
+    text = str(err.value)
+    assert f"{tmp_path / 'chat.jsonl'}: lines 1 and 3 both have id 'a'" in text, text
+    assert "another id" in text
+    assert server.entries() == []  # refused before a paid request
+
+
+def test_derived_manifest_names_datasets_left_on_their_original_answers(tmp_path, fake_server, caplog):
+    server = fake_server()
+    manifest = write_dataset(tmp_path, conversations(2, turns=1), extra=[
+        {"name": "later", "source": "chat.jsonl", "format": "messages", "regenerate": True}])
+    with caplog.at_level(logging.WARNING, logger="eagle3.regenerate"):
+        summary = regenerate(cfg(manifest, tmp_path / "out", server, datasets=("chat",)))
+    assert summary["incomplete"] == {"later": "not regenerated yet"}
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "'later'" in warning and "original answers" in warning, warning
+    derived = yaml.safe_load(open(summary["manifest"]))["datasets"]
+    assert derived[1]["source"] == str(tmp_path / "chat.jsonl")
+    # An interrupted run leaves stats.json saying how far it got.
+    (tmp_path / "out/later").mkdir()
+    (tmp_path / "out/later/stats.json").write_text(
+        '{"complete": false, "passed": true, "done": 1, "conversations": 2, "failed": 0}')
+    summary = regenerate(cfg(manifest, tmp_path / "out", server, datasets=("chat",)))
+    assert summary["incomplete"] == {"later": "unfinished: 1 of 2 conversations done"}
+
+
+def test_answers_cut_at_max_tokens_are_counted_and_warned_about(tmp_path, fake_server, caplog):
+    manifest = write_dataset(tmp_path, conversations(30, turns=1))
+    few = fake_server("--length-for", "question 7.")  # 1 of 30: under the warning share
+    with caplog.at_level(logging.INFO, logger="eagle3.regenerate"):
+        stats = regenerate(cfg(manifest, tmp_path / "few", few))["datasets"]["chat"]
+    assert (stats["turns_at_max_tokens"], stats["requests"]) == (1, 30)
+    assert "1 of 30 answers stopped at max_tokens" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    many = fake_server("--length-for", "question 1")  # questions 1 and 10-19: 11 of 30
+    for run in ("first", "resumed"):  # counted from the output, so a resumed run says it too
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="eagle3.regenerate"):
+            stats = regenerate(cfg(manifest, tmp_path / "many", many))["datasets"]["chat"]
+        assert stats["turns_at_max_tokens"] == 11 and stats["this_run"]["requests"] == (30 if run == "first" else 0)
+        (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert "11 of 30 answers (36.7%) stopped at max_tokens=32" in warning and "--max-tokens" in warning, warning

@@ -73,7 +73,70 @@ def test_torn_last_line_is_cut_and_redone(tmp_path):
     path = tmp_path / "regenerated.jsonl"
     path.write_bytes((json.dumps(good) + "\n").encode() + b'{"id": "b", "messa')
     log = RecordLog(path, settings)
-    assert list(log.done) == ["a"]
+    assert [d["id"] for d in log.done.values()] == ["a"]
     log.append({**good, "id": "b", "source": {"file": "f", "line": 2}})
     log.close()
     assert [r["id"] for r in read_jsonl(path)] == ["a", "b"]
+
+
+def test_s3_resume_keeps_newer_progress_from_s3_and_answers_only_this_machine_holds(tmp_path, fake_server,
+                                                                                   s3_bucket, monkeypatch):
+    """A retry may land on a machine whose cache is older than what another machine uploaded since, and a
+    machine may hold answers it never uploaded: both are kept, so no conversation is asked for twice."""
+    import yaml
+
+    from eagle3 import storage
+    from eagle3.regenerate import RegenerateConfig, regenerate
+
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in conversations(6, turns=1)))
+    out = f"{s3_bucket}/regen"
+    remote = f"{out}/chat/regenerated.jsonl"
+    server = fake_server()
+
+    def run_on(worker: str, max_samples: int | None = None) -> dict:
+        monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / worker))  # each machine its own cache
+        entry = {"name": "chat", "source": "chat.jsonl", "format": "messages", "regenerate": True,
+                 **({"max_samples": max_samples} if max_samples else {})}
+        (tmp_path / "manifest.yaml").write_text(yaml.safe_dump({"datasets": [entry]}))
+        return regenerate(RegenerateConfig(manifest=str(tmp_path / "manifest.yaml"), out=out, backend="openai",
+                                           model="target", base_url=server.url, concurrency=2,
+                                           max_tokens=16))["datasets"]["chat"]
+
+    run_on("worker-a", max_samples=3)  # A's cache and S3: lines 1-3
+    run_on("worker-b", max_samples=5)  # B resumes from S3: lines 1-5, uploaded
+    lines = storage.read_bytes(remote).splitlines(keepends=True)
+    storage.write_bytes(remote, b"".join(lines[1:]))  # S3 lacks line 1, which A's cache holds
+    asked_before = len(server.entries())
+    stats = run_on("worker-a")
+    assert len(server.entries()) - asked_before == 1  # line 6 only
+    assert (stats["resumed"], stats["done"], stats["complete"]) == (5, 6, True)
+    assert [json.loads(raw)["source"]["line"] for raw in storage.read_bytes(remote).splitlines()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_s3_resume_drops_a_stale_cache_but_keeps_a_restart_not_uploaded_yet(tmp_path, s3_bucket):
+    from eagle3 import storage
+    from eagle3.regenerate.output import fetch_previous
+
+    old = {"backend": "openai", "model": "m", "temperature": 0.0, "top_p": 1.0, "max_tokens": 8, "seed": 0}
+    new = {**old, "temperature": 0.7}
+
+    def jsonl(*made: tuple[int, dict]) -> str:
+        return "".join(json.dumps({
+            "id": f"c{i}", "messages": [], "original_messages": [{"role": "user", "content": f"q{i}"}],
+            "source": {"file": "f", "line": i},
+            "regeneration": {**settings, "prompt_tokens": 1, "completion_tokens": 1, "turns": [{}]}}) + "\n"
+            for i, settings in made)
+
+    out, local = f"{s3_bucket}/regen", tmp_path / "cache"
+    local.mkdir()
+    cached, remote = local / "regenerated.jsonl", f"{s3_bucket}/regen/chat/regenerated.jsonl"
+    # This machine's cache holds the old settings' answers, S3 the new ones' (a restart elsewhere): S3's are kept.
+    cached.write_text(jsonl((1, old), (2, old)))
+    storage.write_text(remote, jsonl((1, new)))
+    fetch_previous(local, out, "chat", new)
+    assert [(r["id"], r["regeneration"]["temperature"]) for r in read_jsonl(cached)] == [("c1", 0.7)]
+    # A restart here with the new settings, killed before its upload: S3's old answers are the ones replaced.
+    cached.write_text(jsonl((2, new)))
+    storage.write_text(remote, jsonl((1, old), (3, old)))
+    fetch_previous(local, out, "chat", new)
+    assert [(r["id"], r["regeneration"]["temperature"]) for r in read_jsonl(cached)] == [("c2", 0.7)]
