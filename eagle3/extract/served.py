@@ -80,6 +80,7 @@ class ServedCapture:
         self._lock = threading.Lock()
         self._server = None
         self._closed = False
+        self.server_env: dict[str, str] = {}  # added to the server's environment (online training: its GPUs)
 
     # -- what a subclass provides --------------------------------------------------------------------------
     def _new_server(self):

@@ -70,7 +70,8 @@ class SGLangCapture(ServedCapture):
         write_capture_draft(self.config, sorted(self.aux_layers), self.draft_dir, self.cfg.tensor_parallel_size)
         return SGLangServer(self.model_dir, tp=self.cfg.tensor_parallel_size, port=free_port(),
                             extra_args=self.server_args(), speculative=eagle3_speculative(self.draft_dir, steps=1),
-                            python=self.python, log_path=os.path.join(self.work_dir, "server.log"))
+                            python=self.python, env=dict(self.server_env),
+                            log_path=os.path.join(self.work_dir, "server.log"))
 
     def _cleanup(self) -> None:
         remove_tree(self.draft_dir)

@@ -72,7 +72,7 @@ class VLLMCapture(ServedCapture):
             self.model_dir, port=free_port(), dtype=self.precision.name, max_model_len=self.max_model_len,
             speculative=speculative_config(self.layer_ids), served_model_name=SERVED_NAME,
             enforce_eager=self.device == "cpu", extra_args=self.server_args(), python=self.python,
-            env={"PYTHONPATH": path}, log_path=os.path.join(self.work_dir, "server.log"))
+            env={"PYTHONPATH": path, **self.server_env}, log_path=os.path.join(self.work_dir, "server.log"))
 
     def _cleanup(self) -> None:
         remove_tree(self.states_dir)

@@ -300,6 +300,23 @@ def open_source(cfg, device: str) -> OnlineSource:
     return source
 
 
+def server_devices(need: int, engine: str) -> dict[str, str]:
+    """The environment of the target's server in online training: CUDA_VISIBLE_DEVICES narrowed to ``need``
+    visible GPUs after the first, on which the trainer runs (one process: cuda:0). A server inheriting them all
+    would share the trainer's GPU (vLLM then refuses to start for the memory the trainer holds, or the trainer
+    runs out of it)."""
+    from eagle3.devices import visible_devices
+
+    visible = visible_devices()
+    if len(visible) < 1 + need:
+        raise InputError(f"online training from a {engine} server needs {1 + need} GPUs, 1 for the trainer and "
+                         f"{need} for the server (tensor x pipeline x data parallel), and {len(visible)} are "
+                         f"visible ({','.join(visible) or 'none'}); in Airflow set EAGLE3_TARGET_SERVER_GPUS="
+                         f"{need} so the train task holds them, lower the server's parallel sizes, or train "
+                         "offline from an extracted store")
+    return {"CUDA_VISIBLE_DEVICES": ",".join(visible[1:1 + need])}
+
+
 def _target(cfg, device: str, longest: int):
     """(capture, engine record) for ``cfg.target_engine``: TargetCapture in this process, or the extract
     stage's served engine (a vLLM or SGLang server, started on the first forward)."""
@@ -318,6 +335,8 @@ def _target(cfg, device: str, longest: int):
                              precision=cfg.precision, engine=cfg.target_engine,
                              tensor_parallel_size=cfg.target_tensor_parallel_size)
         capture = served_capture(ecfg, ecfg.device, longest)
+        if ecfg.device == "cuda":  # this process trains on cuda:0; the server must not share that GPU
+            capture.server_env.update(server_devices(ecfg.gpus(), cfg.target_engine))
         return capture, capture.engine
     from eagle3.extract.capture import TargetCapture
     from eagle3.extract.stage import transformers_engine

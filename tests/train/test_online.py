@@ -209,3 +209,47 @@ def test_hybrid_refuses_a_corrupted_stored_shard(data, tmp_path):
     with pytest.raises(InputError, match="corrupted hidden-state shard") as e:
         train(cfg(data, tmp_path / "on", half, online=True))
     assert shard.name in str(e.value) and "eagle3 extract" in str(e.value)
+
+
+def test_a_target_server_gets_the_gpus_after_the_trainers(monkeypatch):
+    """Online training from a server: this process trains on cuda:0, so the server is given the next
+    tp x pp x dp visible GPUs (it inherited them all, GPU 0 included, and could not start beside the trainer)."""
+    from types import SimpleNamespace
+
+    import eagle3.extract.served as served
+    from eagle3.train import online
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4,5,6,7,8,9,10,11")
+    made = []
+
+    def fake_capture(ecfg, device, longest):
+        made.append(SimpleNamespace(server_env={"PYTHONPATH": "x"}, engine={"name": ecfg.engine}))
+        return made[-1]
+
+    monkeypatch.setattr(served, "served_capture", fake_capture)
+    cfg = SimpleNamespace(merged="m", model="t", store=None, aux_layers=None, storage_option="bf16",
+                          precision="auto", target_engine="vllm", target_tensor_parallel_size=8)
+    capture, engine = online._target(cfg, "cuda:0", 100)
+    assert capture.server_env == {"PYTHONPATH": "x", "CUDA_VISIBLE_DEVICES": "4,5,6,7,8,9,10,11"}
+    assert engine == {"name": "vllm"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")  # 8 visible: one short
+    with pytest.raises(InputError, match=r"needs 9 GPUs, 1 for the trainer and 8 for the server .* 8 are visible"):
+        online._target(cfg, "cuda:0", 100)
+    capture, _ = online._target(cfg, "cpu", 100)  # on the CPU nothing is narrowed
+    assert capture.server_env == {"PYTHONPATH": "x"}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_both_served_engines_start_their_server_with_the_given_environment(tiny_llama_dir, tmp_path, engine):
+    """What `server_devices` sets reaches the server process's environment (the engines build the server)."""
+    from eagle3.extract.served import served_capture
+
+    ecfg = ExtractConfig(merged="m", model=tiny_llama_dir, out=str(tmp_path), engine=engine, device="cpu",
+                         storage_option="fp8-topk" if engine == "sglang" else "bf16")
+    capture = served_capture(ecfg, "cpu", 64)
+    try:
+        capture.server_env.update({"CUDA_VISIBLE_DEVICES": "4,5"})
+        server = capture._new_server()
+        assert {**__import__("os").environ, **server.server_env()}["CUDA_VISIBLE_DEVICES"] == "4,5"
+    finally:
+        capture.close()
