@@ -26,6 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, TaskGroup, dag, task
+from airflow.sdk.configuration import conf
 
 from eagle3 import layout, storage_options
 from eagle3.demo import settings as demo
@@ -38,6 +39,7 @@ from eagle3.evaluate.config import COMPARABLE as EVALUATE_COMPARABLE
 from eagle3.evaluate.config import EvaluateConfig
 from eagle3.extract.config import ENGINES as EXTRACT_ENGINES
 from eagle3.extract.config import ExtractConfig
+from eagle3.memory import GPU_MEMORY_ENV
 from eagle3.merge.config import MergeConfig
 from eagle3.regenerate.config import BACKENDS as REGENERATE_BACKENDS
 from eagle3.regenerate.config import SERVERS as REGENERATE_SERVERS
@@ -67,6 +69,12 @@ TARGET_GPUS = int(os.environ.get("EAGLE3_TARGET_GPUS", "1"))
 # trainer's (pool slots are fixed at parse time, so a deployment that trains online from a server sets this).
 TARGET_SERVER_GPUS = int(os.environ.get("EAGLE3_TARGET_SERVER_GPUS", "0"))
 TRAIN_SLOTS = TRAIN_GPUS + TARGET_SERVER_GPUS if TARGET_SERVER_GPUS else max(TRAIN_GPUS, TARGET_GPUS)
+# One GPU-worker device's GiB, the device_memory_gib Param's default: verify runs on the CPU worker, which cannot
+# measure the GPUs (0: the gate measures where it runs).
+GPU_MEMORY_GIB = float(os.environ.get(GPU_MEMORY_ENV) or 0)
+# Whether queue gpu's tasks run on other workers than verify: executors that route by queue (Celery, Edge) send
+# them there; `airflow dags test` (make demo) and the Local executor run every task on one machine.
+GPU_ELSEWHERE = any(name in conf.get("core", "executor", fallback="").lower() for name in ("celery", "edge"))
 RETRIES = int(os.environ.get("EAGLE3_RETRIES", "2"))
 RETRY_DELAY = timedelta(seconds=float(os.environ.get("EAGLE3_RETRY_DELAY_S", "60")))
 DRAFT_MODEL = Asset("eagle3://draft_model", group="eagle3")
@@ -162,7 +170,8 @@ PARAMS = form_params({
                     "memory (eagle3/memory.py) and gives train the largest budget up to this that fits."),
     "checkpoint_ttt_steps": config_param(TrainConfig, "checkpoint_ttt_steps", title="Checkpoint TTT steps"),
     "sequence_parallel": config_param(TrainConfig, "sequence_parallel", title="Sequence parallel training"),
-    "device_memory_gib": config_param(VerifyConfig, "device_memory_gib", minimum=0, title="Device memory (GiB)"),
+    "device_memory_gib": config_param(VerifyConfig, "device_memory_gib", default=GPU_MEMORY_GIB or None, minimum=0,
+                                      title="Device memory (GiB)"),
     "ttt_length": config_param(TrainConfig, "ttt_length", minimum=1, maximum=16, title="TTT length"),
     "epochs": config_param(TrainConfig, "epochs", minimum=1, title="Epochs"),
     "max_steps": config_param(TrainConfig, "max_steps", minimum=0, title="Max steps"),
@@ -298,6 +307,7 @@ def eagle3_train():
     stats = Eagle3StageOperator(
         task_id="stats", stage="stats", **common,
         config={"prepared": layout.prepared(ROOT), "out": RUN.folder("stats"), "model": "{{ params.model }}",
+                "manifest": "{{ params.manifest }}",  # this run's datasets: the prepared folder is shared
                 "max_seq_len": "{{ params.max_seq_len }}", "storage_option": "{{ params.storage_option }}",
                 "tokens_per_s": "{{ params.extract_tokens_per_s }}"})
     merge = Eagle3StageOperator(
@@ -308,6 +318,7 @@ def eagle3_train():
         task_id="verify", **common,
         config={"merged": RUN.folder("merged"), "model": "{{ params.model }}", "store": layout.store(ROOT),
                 "storage_option": "{{ params.storage_option }}", "tokens_per_s": "{{ params.extract_tokens_per_s }}",
+                "aux_layers": AUX_LAYERS,  # the store extract fills: its samples are not priced again
                 # what this run merged with: a stale merge of another run fails the gate
                 "expect_seed": "{{ params.seed }}", "expect_max_seq_len": "{{ params.max_seq_len }}",
                 "expect_drop": "{{ params.drop or [] }}", "expect_manifest": "{{ params.manifest }}",
@@ -321,7 +332,7 @@ def eagle3_train():
                 "train_token_budget": "{{ params.train_token_budget }}",
                 "checkpoint_ttt_steps": "{{ params.checkpoint_ttt_steps }}", "precision": "{{ params.precision }}",
                 "sequence_parallel": "{{ params.sequence_parallel }}", "train_processes": TRAIN_GPUS,
-                "device_memory_gib": "{{ params.device_memory_gib }}"})
+                "device_memory_gib": "{{ params.device_memory_gib }}", "devices_elsewhere": GPU_ELSEWHERE})
     vocab = Eagle3StageOperator(
         task_id="vocab", stage="vocab", **common,
         config={"merged": RUN.folder("merged"), "out": RUN.folder("vocab"),

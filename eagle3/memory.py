@@ -24,9 +24,11 @@ bench/train_bench.py ALLOCATOR_ENV measures without it; the trainer fixes the th
 256 MiB at a heap's top: `CPU_MALLOC`). On CUDA the caching allocator's reserve and an uncounted transient of the
 forward pass are a measured share of the rest (`CUDA_TRAIN_EXCESS`). USABLE_SHARE and the OOM retry are the margin.
 
-Extraction: the target's weights (by dtype or quantization, split over tensor x pipeline parallel ranks) plus
-the forward's activations for the token budget (hidden streams, the MLP's inner width, the captured aux/last
-and, for the top-k storage, the [N, V] logits); a served engine (vllm, sglang) also reserves one max_seq_len sample's KV cache.
+Extraction: the target's weights (the checkpoint's model.safetensors.index.json total_size where it has one, else
+counted by dtype or quantization, scales and the modules it keeps at 16 bits included; split over tensor x
+pipeline parallel ranks) plus the forward's activations for the token budget (hidden streams, the MLP's inner
+width, the captured aux/last and, for the top-k storage, the [N, V] logits); a served engine (vllm, sglang) also
+reserves one max_seq_len sample's KV cache.
 """
 
 from __future__ import annotations
@@ -185,24 +187,91 @@ def largest_budget(s: DraftShape, memory: int, ttt_length: int, precision: str, 
 
 # -- the target ---------------------------------------------------------------------------------------------
 
-def _quant_bytes(config: dict) -> float | None:
-    """Bytes per quantized weight from config.json's quantization_config (None: not quantized)."""
+MICROSCALING_BITS = {"mxfp4": 4.25, "nvfp4": 4.5}
+"""Bits per weight of the 4-bit microscaling formats, scales included: mxfp4 an 8-bit (E8M0) scale per 32 values,
+nvfp4 an fp8 (E4M3) scale per 16 (and an fp32 one per tensor, negligible)."""
+SCALE_BYTES = 2
+"""An integer quantizer's scale (fp16/bf16), one per ``group_size`` weights; per-channel or per-block scales (no
+group_size) are negligible."""
+MODULE_NAMES = {
+    "attention": ("model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.o_proj"),
+    "dense_mlp": ("model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj"),
+    "shared_experts": ("model.layers.1.mlp.shared_experts.gate_proj", "model.layers.1.mlp.shared_expert.gate_proj"),
+    "experts": ("model.layers.1.mlp.experts.0.gate_proj", "model.layers.1.mlp.experts.gate_up_proj",
+                "model.layers.1.block_sparse_moe.experts.0.w1"),
+}
+"""The layers' quantizable modules by kind, named as Hugging Face checkpoints name them (Llama, DeepSeek/Kimi,
+Qwen-MoE, gpt-oss, Mixtral; a dense model's MLP is `dense_mlp`): what a quantization_config's ignore /
+modules_to_not_convert / exclude_modules patterns are matched against. A kind that a pattern matches in any of its
+names stays at 16 bits whole (a pattern that keeps part of a kind counts all of it: the safe side). Norms, routers,
+the embedding and lm_head are counted unquantized whatever the config says (lm_head is in every ignore list seen)."""
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def _kept(pattern: str, name: str) -> bool:
+    """Whether an ignore entry names the module ``name``: compressed-tensors' ``re:<regex>`` (re.match on the full
+    name), else a name or glob (transformers' ``model.layers.*.self_attn``) of the module or a parent, or of
+    their last components (``lm_head``, ``router``)."""
+    import fnmatch
+    import re
+
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    parts = name.split(".")
+    return any(fnmatch.fnmatchcase(p, pattern) or fnmatch.fnmatchcase(p, "*." + pattern)
+               for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1)))
+
+
+def _quantization(config: dict) -> dict | None:
+    """config.json's quantization_config as {"method", "bits" (per quantized weight, scales included; None: a
+    method the model does not know), "kept" (the kinds of MODULE_NAMES it leaves unquantized)}; None: not
+    quantized."""
     q = config.get("quantization_config") or {}
     if not q:
         return None
     method = str(q.get("quant_method", "")).lower()
-    bits = q.get("bits") or q.get("w_bit")
-    for group in (q.get("config_groups") or {}).values():  # compressed-tensors (Kimi-K2's INT4)
-        bits = bits or (group.get("weights") or {}).get("num_bits")
-    if bits:
-        return int(bits) / 8
-    return 1.0 if "fp8" in method or method == "fbgemm_fp8" else None
+    groups = [g for g in (q.get("config_groups") or {}).values() if isinstance(g, dict)]  # compressed-tensors
+    weights = [g.get("weights") or {} for g in groups]
+    tags = [str(t).lower() for t in (method, q.get("format"), q.get("quant_algo"), *(g.get("format") for g in groups))
+            if t]
+    bits = q.get("bits") or q.get("w_bit") or max((w.get("num_bits") or 0 for w in weights), default=0)
+    sizes = [s for s in (q.get("group_size"), q.get("q_group_size"), *(w.get("group_size") for w in weights))
+             if s and int(s) > 0]  # GPTQ's -1: per channel
+    micro = [b for name, b in MICROSCALING_BITS.items() if any(name in t for t in tags)]
+    if micro:
+        per = max(micro)
+    elif bits:
+        per = int(bits) + (8 * SCALE_BYTES / min(int(s) for s in sizes) if sizes else 0)
+    elif any("fp8" in t for t in tags):  # DeepSeek's block fp8, fbgemm, modelopt FP8: one scale per block
+        per = 8
+    else:
+        per = None
+    ignore = [str(p) for key in ("ignore", "modules_to_not_convert", "exclude_modules") for p in (q.get(key) or ())]
+    kept = {kind for kind, names in MODULE_NAMES.items() if any(_kept(p, n) for p in ignore for n in names)}
+    return {"method": method or "?", "bits": per, "kept": kept}
+
+
+def checkpoint_bytes(model: str | None) -> int | None:
+    """The target's weight bytes as its model.safetensors.index.json states them (``metadata.total_size``: exact,
+    scales and unquantized modules included), read without the weights (one small file, on s3 too); None where
+    the folder has none (a single-file checkpoint)."""
+    if not model:
+        return None
+    from eagle3 import storage
+    from eagle3.target import resolve_model
+
+    uri = storage.join(model if storage.is_s3(model) else resolve_model(model), INDEX_FILE)
+    if not storage.exists(uri):
+        return None
+    size = (storage.read_json(uri).get("metadata") or {}).get("total_size")
+    return int(size) if size else None
 
 
 def target_params(config: dict) -> dict:
-    """Parameter counts from config.json alone: {"embedding", "layers", "lm_head", "total"}. Dense Llama-style
-    attention, or DeepSeek's MLA (q_lora_rank / kv_lora_rank); dense MLP, or MoE (n_routed_experts or
-    num_experts, with shared experts and dense first layers)."""
+    """Parameter counts from config.json alone: {"embedding", "layers", "lm_head", "total", "parts" (the layers'
+    by kind: MODULE_NAMES' kinds, "router" and "norms")}. Dense Llama-style attention, or DeepSeek's MLA
+    (q_lora_rank / kv_lora_rank); dense MLP, or MoE (n_routed_experts or num_experts, with shared experts and
+    dense first layers)."""
     from eagle3.target import config_vocab_size
 
     h, layers, nh = int(config["hidden_size"]), int(config["num_hidden_layers"]), int(config["num_attention_heads"])
@@ -218,37 +287,55 @@ def target_params(config: dict) -> dict:
         attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
     dense_mlp = 3 * h * int(config["intermediate_size"])
     experts = int(config.get("n_routed_experts") or config.get("num_experts") or config.get("num_local_experts") or 0)
+    parts = {"attention": layers * attn, "dense_mlp": layers * dense_mlp, "shared_experts": 0, "experts": 0,
+             "router": 0, "norms": layers * 2 * h}
     if experts:
         moe_i = int(config.get("moe_intermediate_size") or config["intermediate_size"])
-        shared = int(config.get("n_shared_experts") or 0)
-        moe_mlp = 3 * h * moe_i * (experts + shared) + h * experts
         dense_layers = int(config.get("first_k_dense_replace") or 0)
-        mlp = dense_layers * dense_mlp + (layers - dense_layers) * moe_mlp
-    else:
-        mlp = layers * dense_mlp
-    body = layers * (attn + 2 * h) + mlp
+        moe_layers = layers - dense_layers
+        parts.update(dense_mlp=dense_layers * dense_mlp, experts=moe_layers * 3 * h * moe_i * experts,
+                     shared_experts=moe_layers * 3 * h * moe_i * int(config.get("n_shared_experts") or 0),
+                     router=moe_layers * h * experts)
+    body = sum(parts.values())
     head = 0 if config.get("tie_word_embeddings") else v * h
-    return {"embedding": v * h, "layers": body, "lm_head": head, "total": v * h + body + head + h}
+    return {"embedding": v * h, "layers": body, "lm_head": head, "total": v * h + body + head + h, "parts": parts}
 
 
-def target_weight_bytes(config: dict, precision: str | None = None) -> dict:
-    """Bytes of the target's weights: {"bytes", "params", "dtype"}. The layers' weights at their quantized
-    width when config.json says so, else at ``precision`` (what the transformers engine loads them in; None:
-    the checkpoint's torch_dtype); embedding and lm_head at 16 bits (quantizers keep them so) or ``precision``."""
+def target_weight_bytes(config: dict, precision: str | None = None, stored: int | None = None) -> dict:
+    """Bytes of the target's weights: {"bytes", "params", "dtype", "source"}. ``stored``: the checkpoint's bytes
+    (`checkpoint_bytes`), used as they are; else counted from config.json: the quantized kinds at the
+    quantization's bits (scales included), everything else at ``precision`` (what the transformers engine loads
+    them in; None: the checkpoint's torch_dtype). An unquantized part loaded in another precision than stored
+    is rescaled either way. A quant_method the model does not know is an InputError rather than a guess."""
     n = target_params(config)
-    stored = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-    dense = BYTES_PER_DTYPE.get(precision or stored, 2)
-    q = _quant_bytes(config)
-    layer_bytes = n["layers"] * (q if q is not None else dense)
-    edge = (n["embedding"] + n["lm_head"]) * (2 if q is not None and precision is None else dense)
-    return {"bytes": int(layer_bytes + edge), "params": n["total"],
-            "dtype": f"{q * 8:g}-bit quantized" if q is not None else (precision or stored)}
+    stored_dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    width = BYTES_PER_DTYPE.get(stored_dtype, 2)
+    dense = BYTES_PER_DTYPE.get(precision or stored_dtype, 2)
+    q = _quantization(config)
+    if q is not None and q["bits"] is None and not (stored and dense == width):  # the index needs no quantizer
+        from eagle3.errors import InputError
+
+        raise InputError(f"quantization_config.quant_method {q['method']!r} is not one the memory model counts "
+                         f"({', '.join(MICROSCALING_BITS)}, fp8, or a `bits`/`num_bits` with its group_size); put "
+                         f"the checkpoint's {INDEX_FILE} (its metadata.total_size is used as is) beside it",
+                         file="config.json")
+    quantized = 0 if q is None or q["bits"] is None else sum(
+        n["parts"][kind] for kind in MODULE_NAMES if kind not in q["kept"])
+    if stored:  # rescaled by what is unquantized: all of it, or what the count leaves at 16 bits
+        total = stored * dense / width if q is None else stored + (n["total"] - quantized) * (dense - width)
+    else:
+        total = quantized * q["bits"] / 8 + (n["total"] - quantized) * dense if quantized else n["total"] * dense
+    label = (precision or stored_dtype) if q is None else (
+        f"{q['bits']:g}-bit quantized" if q["bits"] else f"quantized ({q['method']})")
+    return {"bytes": int(total), "params": n["total"], "dtype": label,
+            "source": INDEX_FILE if stored else "config.json"}
 
 
 def extraction_peak(config: dict, token_budget: int, engine: str = "transformers", tensor_parallel: int = 1,
                     pipeline_parallel: int = 1, precision: str | None = None, topk_logits: bool = False,
-                    max_seq_len: int = 0) -> dict:
-    """Predicted peak bytes per device of an extraction forward over ``token_budget`` tokens.
+                    max_seq_len: int = 0, stored: int | None = None) -> dict:
+    """Predicted peak bytes per device of an extraction forward over ``token_budget`` tokens (``stored``: the
+    checkpoint's bytes, `checkpoint_bytes`).
 
     transformers: the whole target on one device (no parallelism). vllm, sglang (a server,
     eagle3.extract.config.SERVED_ENGINES): weights split over tensor x pipeline ranks, activations over the
@@ -261,7 +348,7 @@ def extraction_peak(config: dict, token_budget: int, engine: str = "transformers
     v = int(config.get("vocab_size") or 0)
     served = engine in SERVED_ENGINES
     ranks = tensor_parallel * pipeline_parallel if served else 1
-    w = target_weight_bytes(config, precision if engine == "transformers" else None)
+    w = target_weight_bytes(config, precision if engine == "transformers" else None, stored)
     act_dtype = 4 if precision == "float32" else 2
     # Per token: residual stream, norm output, attention in/out (4 H), the MLP's gate/up/act (3 x inner),
     # the captured aux + last (4 H, fp32 copies), and the top-k storage's fp32 logits over V.
@@ -280,13 +367,13 @@ def extraction_peak(config: dict, token_budget: int, engine: str = "transformers
 
 
 def min_tensor_parallel(config: dict, memory: int, token_budget: int, max_seq_len: int,
-                        topk_logits: bool = False, most: int = 64) -> int | None:
+                        topk_logits: bool = False, most: int = 64, stored: int | None = None) -> int | None:
     """The smallest power-of-two tensor parallel size at which a served engine's extraction fits ``memory`` per
     device."""
     tp = 1
     while tp <= most:
         if extraction_peak(config, token_budget, "vllm", tp, 1, topk_logits=topk_logits,
-                           max_seq_len=max_seq_len)["bytes"] <= USABLE_SHARE * memory:
+                           max_seq_len=max_seq_len, stored=stored)["bytes"] <= USABLE_SHARE * memory:
             return tp
         tp *= 2
     return None
@@ -294,18 +381,30 @@ def min_tensor_parallel(config: dict, memory: int, token_budget: int, max_seq_le
 
 # -- the device -----------------------------------------------------------------------------------------------
 
+GPU_MEMORY_ENV = "EAGLE3_GPU_MEMORY_GIB"
+"""A deployment's GiB of one GPU-worker device: the DAG reads it at parse time as the device_memory_gib Param's
+default (the gate runs on a CPU worker, which cannot measure the GPUs)."""
+
+
 def device_memory(gib: float | None = None) -> tuple[int, str]:
-    """(bytes, where from) of the device a training or extraction task gets: ``gib`` when given (the DAG's
-    Param: the gate runs on a CPU worker, not on the GPU workers), else the smallest GPU that nvidia-smi
-    lists on this machine, else this machine's memory (CPU training)."""
+    """(bytes, where from) of the device a training or extraction task gets: ``gib`` when given ("given"; the
+    DAG's Param: the gate runs on a CPU worker, not on the GPU workers), else the smallest GPU that nvidia-smi
+    lists on this machine ("cuda"), else this machine's memory ("cpu": CPU training). A GPU split by MIG is
+    refused: nvidia-smi's memory.total is the whole GPU's, not a slice's."""
     if gib:
         return int(gib * GiB), "given"
     if shutil.which("nvidia-smi"):
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=20).stdout.split()
-            if out:
-                return min(int(x) for x in out) * 2 ** 20, "cuda"
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total,mig.mode.current",
+                                  "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20).stdout
+            rows = [[x.strip() for x in line.split(",")] for line in out.splitlines() if line.strip()]
+            if rows:
+                if any(r[1:2] == ["Enabled"] for r in rows):
+                    from eagle3.errors import InputError
+
+                    raise InputError(f"MIG is enabled: nvidia-smi reports the whole GPU's memory, not a slice's; "
+                                     f"set device_memory_gib (or {GPU_MEMORY_ENV}) to one slice's GiB")
+                return min(int(r[0]) for r in rows) * 2 ** 20, "cuda"
         except (OSError, ValueError, subprocess.SubprocessError):
             pass
     with open("/proc/meminfo") as f:
@@ -353,5 +452,5 @@ def gib(n: float) -> str:
 
 
 __all__ = ["DraftShape", "training_peak", "largest_budget", "target_params", "target_weight_bytes",
-           "extraction_peak", "min_tensor_parallel", "device_memory", "step_bytes", "step_static_bytes",
-           "USABLE_SHARE", "CPU_MALLOC", "tune_cpu_malloc", "cpu_malloc_env"]
+           "checkpoint_bytes", "extraction_peak", "min_tensor_parallel", "device_memory", "GPU_MEMORY_ENV",
+           "step_bytes", "step_static_bytes", "USABLE_SHARE", "CPU_MALLOC", "tune_cpu_malloc", "cpu_malloc_env"]

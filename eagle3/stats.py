@@ -37,6 +37,9 @@ FLAG_MIN_TOKEN_SHARE = 0.10
 class StatsConfig:
     prepared: str
     """Prepared folder PREP written by `eagle3 tokenize` (local or s3://)."""
+    manifest: str | None = None
+    """Dataset manifest: only its datasets (the prepared folder is shared between runs; None: every dataset in
+    it), resolved as merge resolves them."""
     out: str | None = None
     """Also write stats_table.json/.txt here (the run's stats folder)."""
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN
@@ -74,12 +77,22 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def _dataset_names(prepared: str) -> list[str]:
+def _dataset_names(prepared: str, manifest: str | None = None) -> list[str]:
     names = sorted({f.split("/")[0] for f in storage.list_files(prepared) if f.endswith("/tokenized.parquet")
                     and f.count("/") == 1})
     if not names:
         raise InputError(f"no PREP/<dataset>/tokenized.parquet found under {prepared}; run `eagle3 tokenize` first")
-    return names
+    if not manifest:
+        return names
+    from eagle3.merge.config import MergeConfig
+
+    # the datasets merge will read (its drop list aside: the flags are what suggests dropping one)
+    wanted = MergeConfig(prepared, prepared, manifest=manifest).resolved().datasets
+    missing = sorted(set(wanted) - set(names))
+    if missing:
+        raise InputError(f"the manifest's dataset(s) {missing} have no tokenized.parquet under {prepared}; run "
+                         "`eagle3 tokenize` on them first", file=manifest)
+    return sorted(wanted)
 
 
 def compute_stats(cfg: StatsConfig, write: bool = True) -> dict[str, Any]:
@@ -93,7 +106,7 @@ def compute_stats(cfg: StatsConfig, write: bool = True) -> dict[str, Any]:
     from eagle3.tokenize.stage import check_tokenized
 
     rows = []
-    for name in _dataset_names(prepared):
+    for name in _dataset_names(prepared, cfg.manifest):
         folder = storage.join(prepared, name)
         meta = storage.read_json(storage.join(folder, layout.PREPARED_STATS)) if storage.exists(
             storage.join(folder, layout.PREPARED_STATS)) else {}

@@ -226,10 +226,11 @@ def tokenizer_fingerprint(model_dir: str) -> str:
     return fingerprint_files(tokenizer_files(root), names=lambda p: p.relative_to(root).as_posix())[:16]
 
 
-def model_fingerprint(model_dir: str) -> str:
+def model_fingerprint(model_dir: str, compute: bool = True) -> str | None:
     """Hash of config + weights; cached per machine (keyed by the folder, and the weights' size and mtime) in
     the local cache, not in the model folder: an s3 target's mirror drops any file its prefix lacks, and a
-    read-only folder holds none, so either would hash a large target's weights again in every task."""
+    read-only folder holds none, so either would hash a large target's weights again in every task. With
+    ``compute=False``, only a cached one (else None): a gate must not read a 1 TB target's weights."""
     root = Path(model_dir).resolve()
     weights = sorted(root.glob("*.safetensors")) + sorted(root.glob("*.bin"))
     stamp = json.dumps([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in weights])
@@ -241,6 +242,8 @@ def model_fingerprint(model_dir: str) -> str:
             return cached["fingerprint"]
     except (OSError, ValueError, KeyError):
         pass
+    if not compute:
+        return None
     fp = fingerprint_files([root / "config.json", *weights])[:16]
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)

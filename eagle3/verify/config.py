@@ -35,7 +35,10 @@ class VerifyConfig:
     storage_option: str = storage_options.DEFAULT
     """Storage option the store will use; its bytes per token size the estimate."""
     store: str | None = None
-    """Where the hidden states will go (its free space is checked); default: the merged folder."""
+    """Where the hidden states will go: extract's store root (its free space is checked, and the samples its store
+    for this model, aux layers and option already holds are not priced again); default: the merged folder."""
+    aux_layers: tuple[int, ...] | None = None
+    """The aux layer ids extract will use (3), for the store's key; None: extract's default [1, L/2-1, L-4]."""
     headroom: float = 1.1
     """The store needs estimated bytes x headroom free."""
     tokens_per_s: float = storage_options.DEFAULT_EXTRACT_TOKENS_PER_S
@@ -91,6 +94,10 @@ class VerifyConfig:
     device_memory_gib: float = 0.0
     """Memory of one training/extraction device in GiB (0: the smallest GPU nvidia-smi lists here, else this
     machine's memory). Set it when the gate runs on a CPU worker and the GPUs are elsewhere."""
+    devices_elsewhere: bool = False
+    """The training and extraction tasks run on other workers than the gate (the DAG: its gpu queue under an
+    executor that routes by queue); then a gate that finds no GPU here refuses to size rather than size this
+    worker's RAM, unless device_memory_gib is given."""
 
     def __post_init__(self):
         from eagle3.merge.config import _names
@@ -98,6 +105,8 @@ class VerifyConfig:
         for name in ("expect_drop", "expect_sources"):  # "a,b", a list, or None (Airflow Params give either)
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _names(getattr(self, name)))
+        if self.aux_layers is not None:
+            object.__setattr__(self, "aux_layers", tuple(int(i) for i in self.aux_layers))
         storage_options.option(self.storage_option)
         check_precision(self.precision, "VerifyConfig.precision")
         if self.target_engine not in EXTRACT_ENGINES:

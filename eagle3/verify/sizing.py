@@ -6,12 +6,16 @@
   engine hours extraction hours per engine from the rates earlier runs measured (eagle3/rates.py), the
                VerifyConfig.tokens_per_s parameter where none was measured
 
-A failure names the setting to change. Without a target (no ``model``) nothing is sized.
+A failure names the setting to change. Without a target (no ``model``) nothing is sized. The device is the one
+given (device_memory_gib), else the one measured here; where the training and extraction tasks run on other
+workers (devices_elsewhere) and no GPU is here, nothing is sized either: the memory check fails, naming the
+settings that give it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 from eagle3 import memory, rates, storage_options
 from eagle3.memory import gib
@@ -25,15 +29,14 @@ def _check(name: str, passed: bool, detail: str, **numbers) -> dict:
 
 
 def train_precision(cfg: VerifyConfig, kind: str) -> str:
-    """The training precision to size for: the asked one, else what auto picks on the device kind (CUDA:
-    bf16, as on sm80+; a CPU: by its flags)."""
-    if cfg.precision != "auto":
-        return cfg.precision
-    if kind == "cpu":
-        from eagle3.devices import cpu_flags, cpu_precision
+    """The training precision to size for: what eagle3.devices.resolve_precision picks for train on ``kind`` (the
+    asked one, else $EAGLE3_PRECISION, else by the CUDA capability or by the CPU's flags and probe). A device
+    known by its memory alone (``given``: the GPUs are on other workers) is taken for sm80 or later: bf16."""
+    from eagle3.devices import PRECISION_ENV, resolve_precision
 
-        return cpu_precision(cpu_flags())[0]
-    return "bfloat16"
+    if kind == "given" and cfg.precision == "auto" and os.environ.get(PRECISION_ENV, "auto").strip() in ("", "auto"):
+        return "bfloat16"
+    return resolve_precision(cfg.precision, "cuda" if kind == "given" else kind).name
 
 
 def engine_hours(cfg: VerifyConfig, tokens: int) -> dict:
@@ -59,9 +62,16 @@ def memory_check(cfg: VerifyConfig, longest: int, max_seq_len: int, online: bool
 
     config = read_config(cfg.model)
     mem, kind = memory.device_memory(cfg.device_memory_gib or None)
+    if kind == "cpu" and cfg.devices_elsewhere:  # this worker's RAM says nothing of the GPUs
+        return _check("memory", False, (
+            f"not sized: the training and extraction devices are on other workers (the gpu queue), and this one "
+            f"has no GPU to measure ({gib(mem)} of RAM is not their memory); give one device's memory: the Param "
+            f"device_memory_gib, or {memory.GPU_MEMORY_ENV} in the deployment's environment (its default)"),
+            train_token_budget=cfg.train_token_budget, device_memory=mem, device=kind)
+    precision = train_precision(cfg, kind)
     kind = "cuda" if kind == "given" else kind
     usable = memory.USABLE_SHARE * mem
-    precision = train_precision(cfg, kind)
+    stored = memory.checkpoint_bytes(cfg.model)
     problems, notes = [], []
     topk = storage_options.option(cfg.storage_option).target == "topk"
 
@@ -71,10 +81,10 @@ def memory_check(cfg: VerifyConfig, longest: int, max_seq_len: int, online: bool
     engine = cfg.target_engine
     ext = memory.extraction_peak(config, cfg.extract_token_budget, engine, cfg.tensor_parallel_size,
                                  precision=precision if engine == "transformers" else None, topk_logits=topk,
-                                 max_seq_len=max_seq_len)
+                                 max_seq_len=max_seq_len, stored=stored)
     w = ext["weights"]
     if ext["bytes"] > usable:
-        tp = memory.min_tensor_parallel(config, mem, cfg.extract_token_budget, max_seq_len, topk)
+        tp = memory.min_tensor_parallel(config, mem, cfg.extract_token_budget, max_seq_len, topk, stored=stored)
         fix = (f"target_tensor_parallel_size={tp} splits it over {tp} devices" if tp else
                "no tensor parallel size up to 64 fits: add pipeline parallelism or a quantized checkpoint")
         if engine == "transformers":
@@ -89,7 +99,7 @@ def memory_check(cfg: VerifyConfig, longest: int, max_seq_len: int, online: bool
             problems.append(f"target_engine={engine} with target_tensor_parallel_size={cfg.tensor_parallel_size}: "
                             f"{gib(ext['bytes'])} per device > {gib(usable)} usable of {gib(mem)}; {fix}")
     notes.append(f"extraction ({engine}, tp {ext['ranks']}): {gib(ext['bytes'])} per device "
-                 f"({gib(w['bytes'])} weights, {w['dtype']})")
+                 f"({gib(w['bytes'])} weights, {w['dtype']}, from {w['source']})")
 
     # Training: the largest micro-batch that fits, capped by the Param; one longest sample must fit.
     shape = memory.DraftShape.from_target(config, cfg.draft_vocab_size)

@@ -13,8 +13,9 @@ CLI exits non-zero, the DAG fails without retry). Checks:
   shuffled           output order is not the input order
   uniform_positions  per source, positions are uniform over the file (Kolmogorov-Smirnov)
   reproducible       re-running the seeded permutation gives the same order and content hash
-  extraction_space   estimated hidden-state bytes (and hours, at the engine's rate measured by earlier runs)
-                     fit the free space at the store
+  extraction_space   estimated hidden-state bytes (and hours, at the engine's rate measured by earlier runs) of
+                     the samples the store does not hold yet (extract skips the others) fit the free space at the
+                     store (and max_hours); online training waives the space, not max_hours
   memory             the target fits the extraction engine, one longest sample fits a training device; the
                      training token budget that fits (eagle3.verify.sizing, eagle3.memory)
   expectations, totals, dropped_datasets: what this run asked for (eagle3.verify.expectations)
@@ -33,10 +34,10 @@ import numpy as np
 
 from eagle3 import layout, storage, storage_options
 from eagle3.errors import GateFailed, InputError
-from eagle3.verify import sizing
+from eagle3.verify import sizing, stored
 from eagle3.verify.config import VerifyConfig
 from eagle3.verify.expectations import expectation_checks
-from eagle3.merge.arrays import content_id, list_parts, segment_sums, shuffle_order
+from eagle3.merge.arrays import content_id, list_parts, read_batches, segment_sums, shuffle_order
 
 log = logging.getLogger(__name__)
 
@@ -61,56 +62,91 @@ def _check(name: str, passed: bool, detail: str, **numbers) -> dict:
     return {"name": name, "passed": bool(passed), "detail": detail, **numbers}
 
 
+BATCH_ROWS = 1024
+"""Rows read at a time from train.parquet and the prepared files (merge's batch_rows). The checks keep per-row
+numbers only, so memory follows a batch, not the dataset (a whole list<int32> column past 2^31 tokens cannot even
+be concatenated: Arrow's "offset overflow")."""
+
+
 class _Output:
-    """train.parquet loaded as flat numpy columns (ids/mask flat with offsets)."""
+    """train.parquet read one record batch at a time into what the checks need: per-row columns, lengths, loss
+    sums and content hashes; the tokens themselves are not kept."""
 
     def __init__(self, path: str):
         import pyarrow.parquet as pq
 
-        t = pq.read_table(path)
+        pf = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read every column chunk at once
         need = {"id", "input_ids", "loss_mask", "num_tokens", "num_loss_tokens", "source", "source_id"}
-        if not need <= set(t.column_names):
-            raise GateFailed(f"{path}: columns {sorted(need - set(t.column_names))} missing; re-run `eagle3 merge`")
-        t = t.combine_chunks()
-        # Native widths (int32 ids, uint8 mask): about 5 bytes per token in memory.
-        self.ids_off, self.ids = list_parts(t.column("input_ids").chunk(0), np.int32) if t.num_rows else (
-            np.zeros(1, np.int64), np.zeros(0, np.int32))
-        self.mask_off, self.mask = list_parts(t.column("loss_mask").chunk(0), np.uint8) if t.num_rows else (
-            np.zeros(1, np.int64), np.zeros(0, np.uint8))
-        self.id = np.array(t.column("id").to_pylist(), dtype=object)
-        self.source = np.array(t.column("source").to_pylist(), dtype=object)
-        self.source_id = np.array(t.column("source_id").to_pylist(), dtype=object)
-        self.num_tokens = t.column("num_tokens").to_numpy()
-        self.num_loss = t.column("num_loss_tokens").to_numpy()
-        self.n = t.num_rows
+        if not need <= set(pf.schema_arrow.names):
+            raise GateFailed(f"{path}: columns {sorted(need - set(pf.schema_arrow.names))} missing; re-run "
+                             "`eagle3 merge`")
+        cols = {k: [] for k in ("id", "source", "source_id", "num_tokens", "num_loss", "lens", "mask_lens", "loss")}
+        self.hash, self.bad_mask_values = [], 0
+        for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=sorted(need)):
+            ioff, ids = list_parts(batch.column("input_ids"), np.int32)
+            moff, mask = list_parts(batch.column("loss_mask"), np.uint8)
+            used = mask[moff[0]:moff[-1]]
+            self.bad_mask_values += int(((used != 0) & (used != 1)).sum())
+            cols["lens"].append(np.diff(ioff))
+            cols["mask_lens"].append(np.diff(moff))
+            cols["loss"].append(segment_sums(mask, moff))
+            self.hash += [content_id(ids[ioff[r]:ioff[r + 1]], mask[moff[r]:moff[r + 1]])
+                          for r in range(batch.num_rows)]
+            for name in ("id", "source", "source_id"):
+                cols[name] += batch.column(name).to_pylist()
+            cols["num_tokens"].append(batch.column("num_tokens").to_numpy())
+            cols["num_loss"].append(batch.column("num_loss_tokens").to_numpy())
+        for name in ("id", "source", "source_id"):
+            setattr(self, name, np.array(cols[name], dtype=object))
+        for name in ("num_tokens", "num_loss", "lens", "mask_lens", "loss"):
+            setattr(self, name, np.concatenate(cols[name]) if cols[name] else np.zeros(0, np.int64))
+        self.hash = np.array(self.hash, dtype=object)
+        self.n = len(self.id)
 
-    def row(self, r: int) -> tuple[np.ndarray, np.ndarray]:
-        return (self.ids[self.ids_off[r]:self.ids_off[r + 1]], self.mask[self.mask_off[r]:self.mask_off[r + 1]])
+    def key(self, r: int) -> tuple:
+        """What matches_source compares: the row's lengths and content hash (equal hashes, equal tokens)."""
+        return int(self.lens[r]), int(self.mask_lens[r]), self.hash[r]
+
+
+def _prepared(uri: str, L: int, wanted: set) -> tuple[dict, dict]:
+    """One prepared file, batch by batch: its accounting numbers, and {id: (row, key)} of the rows in ``wanted``
+    (the ``_Output.key`` the row has cut to L)."""
+    got = {"samples_in": 0, "tokens_in": 0, "tokens_cut": 0, "loss_tokens_in": 0, "loss_tokens_cut": 0}
+    index, row = {}, 0
+    for batch in read_batches(uri, BATCH_ROWS):
+        off, vals = list_parts(batch.column("input_ids"), np.int32)
+        moff, mvals = list_parts(batch.column("loss_mask"), np.uint8)
+        lens, used = np.diff(off), mvals[moff[0]:moff[-1]]
+        # loss tokens past the cut: position-in-row >= L (a different method from merge's gather)
+        pos_in_row = np.arange(moff[-1] - moff[0]) - np.repeat(moff[:-1] - moff[0], np.diff(moff))
+        got["samples_in"] += batch.num_rows
+        got["tokens_in"] += int(lens.sum())
+        got["tokens_cut"] += int(np.maximum(lens - L, 0).sum())
+        got["loss_tokens_in"] += int(used.sum())
+        got["loss_tokens_cut"] += int(used[pos_in_row >= L].sum())
+        for i, sid in enumerate(batch.column("id").to_pylist()):
+            if sid in wanted:  # a repeated id: its last row, as in a lookup of every row
+                n = min(int(lens[i]), L)
+                ids, mask = vals[off[i]:off[i] + n], mvals[moff[i]:moff[i] + n]
+                index[sid] = (row + i, (len(ids), len(mask), content_id(ids, mask)))
+        row += batch.num_rows
+    return got, index
 
 
 def _source_checks(out: _Output, man: dict, prepared: str | None) -> tuple[list, dict]:
     """accounting + matches_source, one prepared file at a time; also returns input ranks."""
-    import pyarrow.parquet as pq
-
     L = man["max_seq_len"]
     problems, mismatches, numbers, rank = [], 0, {}, {}
     base = 0
     for name in sorted(man["sources"]):
         rec = man["sources"][name]
-        path = storage.local_path(storage.join(prepared, name, layout.PREPARED_PARQUET) if prepared else rec["file"])
-        src = pq.read_table(path, columns=["id", "input_ids", "loss_mask"]).combine_chunks()
-        off, vals = list_parts(src.column("input_ids").chunk(0), np.int32) if src.num_rows else (np.zeros(1, int), [])
-        moff, mvals = list_parts(src.column("loss_mask").chunk(0), np.uint8) if src.num_rows else (np.zeros(1, int), [])
-        lens = np.diff(off)
-        # loss tokens past the cut: position-in-row >= L (a different method from merge's gather)
-        pos_in_row = np.arange(moff[-1] - moff[0]) - np.repeat(moff[:-1] - moff[0], np.diff(moff))
-        cut_loss = int(np.asarray(mvals[moff[0]:moff[-1]])[pos_in_row >= L].sum()) if len(pos_in_row) else 0
-        index = {sid: i for i, sid in enumerate(src.column("id").to_pylist())}
         sel = np.flatnonzero(out.source == name)
-        got = {"samples_in": src.num_rows, "samples_out": len(sel), "tokens_in": int(lens.sum()),
-               "tokens_out": int(out.num_tokens[sel].sum()), "tokens_cut": int(np.maximum(lens - L, 0).sum()),
-               "loss_tokens_in": int(np.asarray(mvals).sum()), "loss_tokens_out": int(out.num_loss[sel].sum()),
-               "loss_tokens_cut": cut_loss}
+        counted, index = _prepared(storage.join(prepared, name, layout.PREPARED_PARQUET) if prepared else rec["file"],
+                                   L, set(out.source_id[sel]))
+        got = {"samples_in": counted["samples_in"], "samples_out": len(sel), "tokens_in": counted["tokens_in"],
+               "tokens_out": int(out.num_tokens[sel].sum()), "tokens_cut": counted["tokens_cut"],
+               "loss_tokens_in": counted["loss_tokens_in"], "loss_tokens_out": int(out.num_loss[sel].sum()),
+               "loss_tokens_cut": counted["loss_tokens_cut"]}
         dropped = rec.get("dropped", {})
         drops_listed = sum(1 for d in man.get("drops", []) if d["source"] == name)
         balance = {
@@ -126,17 +162,14 @@ def _source_checks(out: _Output, man: dict, prepared: str | None) -> tuple[list,
         problems += [f"{name}: {k} off by {v}" for k, v in balance.items() if v]
         numbers[name] = {**got, "imbalance": balance}
         for r in sel:
-            i = index.get(out.source_id[r])
-            ids, mask = out.row(r)
-            if i is None:
+            hit = index.get(out.source_id[r])
+            if hit is None:
                 mismatches += 1
                 continue
-            rank[r] = base + i
-            n = min(int(lens[i]), L)
-            if len(ids) != n or not (np.array_equal(ids, vals[off[i]:off[i] + n])
-                                     and np.array_equal(mask, mvals[moff[i]:moff[i] + n])):
+            rank[r] = base + hit[0]
+            if out.key(r) != hit[1]:
                 mismatches += 1
-        base += src.num_rows
+        base += got["samples_in"]
     unknown = sorted(set(out.source) - set(man["sources"]))
     if unknown:
         problems.append(f"rows from sources not in the manifest: {unknown}")
@@ -152,15 +185,14 @@ def _source_checks(out: _Output, man: dict, prepared: str | None) -> tuple[list,
 
 
 def _row_checks(out: _Output, L: int) -> list:
-    lens, mlens = np.diff(out.ids_off), np.diff(out.mask_off)
+    lens = out.lens
     too_long = int((lens > L).sum())
     bad_num = int((lens != out.num_tokens).sum())
-    bad_vals = int(((out.mask != 0) & (out.mask != 1)).sum())
-    bad_len = int((lens != mlens).sum())
-    loss = segment_sums(out.mask, out.mask_off)
-    no_loss = int((loss == 0).sum())
-    bad_numloss = int((loss != out.num_loss).sum())
-    bad_ids = sum(1 for r in range(out.n) if content_id(*out.row(r)) != out.id[r]) if bad_len == 0 else out.n
+    bad_vals = out.bad_mask_values
+    bad_len = int((lens != out.mask_lens).sum())
+    no_loss = int((out.loss == 0).sum())
+    bad_numloss = int((out.loss != out.num_loss).sum())
+    bad_ids = int((out.hash != out.id).sum()) if bad_len == 0 else out.n
     dup = out.n - len(set(out.id))
     return [
         _check("lengths", too_long == 0 and bad_num == 0,
@@ -212,17 +244,27 @@ def _order_checks(out: _Output, man: dict, rank: dict, p_threshold: float) -> li
     return checks
 
 
-def _space_check(cfg: VerifyConfig, tokens: int, samples: int) -> dict:
+def _stored(cfg: VerifyConfig, out: _Output) -> dict:
+    """The samples of train.parquet that the store of this run already holds: extract skips them."""
+    ids, uri, how = stored.stored_ids(cfg)
+    have = np.fromiter((i in ids for i in out.id), bool, out.n)
+    return {"store": uri, "how": how, "samples": int(have.sum()), "tokens": int(out.num_tokens[have].sum())}
+
+
+def _space_check(cfg: VerifyConfig, tokens: int, samples: int, kept: dict) -> dict:
+    """Bytes and hours of extracting what the store lacks (``kept``: what it holds, from ``_stored``)."""
     hidden = cfg.resolved_hidden_size()
-    engines = sizing.engine_hours(cfg, tokens)
+    todo = tokens - kept["tokens"]
+    engines = sizing.engine_hours(cfg, todo)
     rate = engines[cfg.target_engine]["tokens_per_s"]
-    est = storage_options.extraction_estimate(cfg.storage_option, hidden, tokens, samples, rate)
+    est = storage_options.extraction_estimate(cfg.storage_option, hidden, todo, samples - kept["samples"], rate)
     need, hours = est["bytes"], est["hours"]
     dest = cfg.store or cfg.merged
     free = storage.free_bytes(dest)
     fits = free is None or need * cfg.headroom <= free
     fast = cfg.max_hours is None or hours <= cfg.max_hours
-    detail = (f"{tokens} tokens x {est['bytes_per_token']} B/token ({cfg.storage_option}, H={hidden}) = "
+    detail = (f"{todo} of {tokens} tokens to extract ({kept['samples']} of {samples} samples already stored: "
+              f"{kept['how']}) x {est['bytes_per_token']} B/token ({cfg.storage_option}, H={hidden}) = "
               f"{need / 1e9:.3f} GB "
               f"(x{cfg.headroom} headroom) vs {'unknown (object store)' if free is None else f'{free / 1e9:.3f} GB'} "
               f"free at {dest}; ~{hours:.2f} h with {cfg.target_engine} at {rate:g} tok/s ("
@@ -231,25 +273,30 @@ def _space_check(cfg: VerifyConfig, tokens: int, samples: int) -> dict:
     if not fits:
         detail += f"; short by {(need * cfg.headroom - free) / 1e9:.3f} GB"
     if not fast:
-        detail += f"; over the {cfg.max_hours} h limit by {hours - cfg.max_hours:.2f} h"
+        detail += f"; over the max_hours limit of {cfg.max_hours} h by {hours - cfg.max_hours:.2f} h"
     return _check("extraction_space", fits and fast, detail, bytes_per_token=est["bytes_per_token"], bytes=need,
                   free_bytes=free, hours=hours, hidden_size=hidden, storage_option=cfg.storage_option,
-                  tokens_per_s=rate, engine=cfg.target_engine, engines=engines)
+                  tokens_per_s=rate, engine=cfg.target_engine, engines=engines, fits=fits, within_max_hours=fast,
+                  samples=samples, stored_samples=kept["samples"], stored_tokens=kept["tokens"], store=kept["store"])
 
 
 def training_mode(cfg: VerifyConfig, space: dict, tokens: int, samples: int) -> dict:
     """Offline or online (eagle3.verify.mode), with both modes' costs logged before anything runs. Online
-    writes no store, so then the store's space (and extraction hours) no longer fail the gate."""
+    writes no store, so then the store's space no longer fails the gate; max_hours still does (online runs the
+    target over the same new tokens, every epoch)."""
     from eagle3.verify import mode
 
     cost = mode.costs(cfg.storage_option, space["hidden_size"], tokens, samples, cfg.epochs, space["tokens_per_s"],
-                      cfg.train_tokens_per_s)
+                      cfg.train_tokens_per_s, space["stored_tokens"], space["stored_samples"])
     verdict = mode.choose(cfg.training_mode, cost, space["free_bytes"], cfg.headroom, cfg.store or cfg.merged)
     for line in mode.describe(cost):
         log.info("verify cost %s", line)
     log.info("verify training mode: %s (%s)", verdict["mode"], verdict["reason"])
     if verdict["mode"] == "online" and not space["passed"]:
-        space.update(passed=True, detail="not needed, training online (no store): " + space["detail"])
+        if space["within_max_hours"]:
+            space.update(passed=True, detail="not needed, training online (no store): " + space["detail"])
+        else:
+            space.update(detail="training online (no store), so only max_hours applies: " + space["detail"])
     return verdict
 
 
@@ -280,7 +327,7 @@ def run(cfg: VerifyConfig) -> dict:
     source_checks, rank = _source_checks(out, man, cfg.prepared)
     checks += _row_checks(out, man["max_seq_len"]) + source_checks
     checks += _order_checks(out, man, rank, cfg.p_threshold)
-    space = _space_check(cfg, int(out.num_tokens.sum()), out.n)
+    space = _space_check(cfg, int(out.num_tokens.sum()), out.n, _stored(cfg, out))
     mode = training_mode(cfg, space, int(out.num_tokens.sum()), out.n)
     checks.append(space)
     longest = int(out.num_tokens.max()) if out.n else 0
@@ -289,7 +336,8 @@ def run(cfg: VerifyConfig) -> dict:
     checks += expectation_checks(cfg, man, out.source)
     failed = [c for c in checks if not c["passed"]]
     result = {"passed": not failed, "failed": [c["name"] for c in failed], "samples": out.n,
-              "tokens": int(out.num_tokens.sum()), "content_hash": man.get("content_hash"), "checks": checks,
+              "tokens": int(out.num_tokens.sum()), "stored_samples": space["stored_samples"],
+              "content_hash": man.get("content_hash"), "checks": checks,
               "training_mode": mode, "train_token_budget": mem["train_token_budget"]}
     storage.write_json(storage.join(cfg.merged, layout.VERIFY_RESULT), result)
     for c in checks:

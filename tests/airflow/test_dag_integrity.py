@@ -427,3 +427,43 @@ def test_the_plan_lists_read_a_result_too_large_for_xcom_from_its_file(dag, tmp_
     for name in ("regenerate", "tokenize", "extract"):
         callable_ = dag.get_task(f"discover.{name}").python_callable
         assert callable_(spilled) == found[name] == callable_(found)
+
+
+def test_stats_counts_the_runs_manifest_only(dag):
+    """The prepared folder is shared between runs: stats gets the run's manifest, as merge does."""
+    from eagle3.config import from_dict
+    from eagle3.stats import StatsConfig
+
+    params = {**{k: dag.params[k] for k in dag.params}, "manifest": "/data/mine.yaml", "storage_root": "/r"}
+    stats = dag.get_task("stats")
+    cfg = stats.render_template(stats.config, {"params": params, "run_id": "r1"}, jinja_env=dag.get_template_env())
+    assert from_dict(StatsConfig, cfg).manifest == "/data/mine.yaml"
+
+
+def _verify_config_parsed_with(env: dict) -> dict:
+    """The verify task's device settings and the device_memory_gib Param's default, from a parse under ``env``
+    (both are read at parse time)."""
+    code = (
+        "import json; from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(REPO / 'dags')!r})\n"
+        "assert not bag.import_errors, bag.import_errors\n"
+        "d = bag.dags['eagle3_train']; c = d.get_task('verify').config\n"
+        "print(json.dumps({'elsewhere': c['devices_elsewhere'], 'gib': d.params['device_memory_gib']}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO), "AIRFLOW__CORE__LOAD_EXAMPLES": "False", **env})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_under_celery_the_gate_is_told_the_gpus_are_elsewhere_and_their_memory(dag):
+    """verify runs on the CPU worker (docs/cluster.md): under an executor that routes queue gpu to other workers
+    the gate must not size its own RAM; EAGLE3_GPU_MEMORY_GIB gives it one GPU's memory. `airflow dags test` and
+    the Local executor (make demo, make airflow) run everything on one machine: nothing changes there."""
+    from eagle3.memory import GPU_MEMORY_ENV
+
+    assert dag.get_task("verify").config["devices_elsewhere"] is False and dag.params["device_memory_gib"] == 0
+    celery = "airflow.providers.celery.executors.celery_executor.CeleryExecutor"
+    assert _verify_config_parsed_with({"AIRFLOW__CORE__EXECUTOR": celery, GPU_MEMORY_ENV: "80"}) == \
+        {"elsewhere": True, "gib": 80.0}
+    assert _verify_config_parsed_with({"AIRFLOW__CORE__EXECUTOR": "LocalExecutor"}) == {"elsewhere": False, "gib": 0}

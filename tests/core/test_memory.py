@@ -15,6 +15,7 @@ import torch
 
 from eagle3 import memory
 from eagle3.devices import BF16_CPU_FLAGS, cpu_flags, resolve_precision
+from eagle3.errors import InputError
 from tests.draft.tiny import make_tiny_draft
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,18 +129,122 @@ def test_target_params_of_smollm2_equal_its_weights():
 
 
 def kimi_k2_config() -> dict:
-    """Kimi-K2's config.json (DeepSeek-V3 architecture, INT4 experts), as published: 1.04T parameters."""
+    """Kimi-K2-Thinking's config.json (DeepSeek-V3 architecture, INT4 experts), as published: 1.03T parameters;
+    compressed-tensors, 4-bit groups of 32 with a bf16 scale each, attention, shared experts and the dense MLP
+    kept at bf16 (its ``ignore``). Its checkpoint is ~594 GB."""
     return {"model_type": "kimi_k2", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
             "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 384,
             "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 1, "q_lora_rank": 1536,
             "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
             "vocab_size": 163840, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-            "quantization_config": {"quant_method": "compressed-tensors",
-                                    "config_groups": {"group_0": {"weights": {"num_bits": 4}}}}}
+            "quantization_config": {
+                "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+                "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
+                                              "output_activations": None,
+                                              "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                                                          "strategy": "group", "group_size": 32, "dynamic": False,
+                                                          "actorder": None, "block_structure": None,
+                                                          "observer": "minmax", "observer_kwargs": {}}}},
+                "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                           "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+                "kv_cache_scheme": None}}
+
+
+def gpt_oss_120b_config() -> dict:
+    """gpt-oss-120b's config.json as published (its size keys): MXFP4 experts, attention and router at bf16."""
+    return {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,
+            "intermediate_size": 2880, "head_dim": 64, "num_hidden_layers": 36, "num_attention_heads": 64,
+            "num_key_value_heads": 8, "num_local_experts": 128, "num_experts_per_tok": 4, "experts_per_token": 4,
+            "vocab_size": 201088, "tie_word_embeddings": False, "max_position_embeddings": 131072,
+            "quantization_config": {"quant_method": "mxfp4",
+                                    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                               "model.embed_tokens", "lm_head"]}}
+
+
+H200 = 143771 * 2 ** 20  # nvidia-smi's memory.total of an H200 (140.4 GiB)
 
 
 def test_target_params_of_a_1t_moe_from_config_alone():
     n = memory.target_params(kimi_k2_config())["total"]
     assert 1.00e12 < n < 1.06e12
     w = memory.target_weight_bytes(kimi_k2_config())
-    assert w["dtype"] == "4-bit quantized" and 480 * memory.GiB < w["bytes"] < 560 * memory.GiB
+    # 4 bits + a bf16 scale per 32 = 4.5 bits for the routed experts; the rest at bf16: the published ~594 GB
+    assert w["dtype"] == "4.5-bit quantized" and w["source"] == "config.json"
+    assert w["bytes"] == pytest.approx(594e9, rel=0.01)
+
+
+def test_a_k2_thinking_checkpoint_needs_8_h200s():
+    """Counted at 4 bits without its scales and with everything quantized, K2-Thinking was 517 GB and 4 H200s
+    passed the gate, where vLLM needs ~138 GiB of weights per rank."""
+    config = kimi_k2_config()
+    assert memory.target_weight_bytes(config)["bytes"] >= 550e9
+    assert memory.min_tensor_parallel(config, H200, 8192, 8192) == 8
+
+
+def test_mxfp4_is_4_25_bits_and_gpt_oss_120b_fits_one_80_gib_gpu():
+    """gpt-oss-120b's checkpoint is ~65 GB; counted at 16 bits (mxfp4 unknown) it needed 4 GPUs."""
+    w = memory.target_weight_bytes(gpt_oss_120b_config())
+    assert w["dtype"] == "4.25-bit quantized" and 60e9 < w["bytes"] < 80e9
+    assert memory.min_tensor_parallel(gpt_oss_120b_config(), 80 * memory.GiB, 8192, 8192) == 1
+
+
+@pytest.mark.parametrize("quantization, bits", [
+    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+      "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "group_size": 16}}}}, 4.5),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}, 4.5),
+    ({"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
+      "config_groups": {"group_0": {"weights": {"num_bits": 4, "group_size": 32}}}}, 4.25),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, 4.125),
+    ({"quant_method": "gptq", "bits": 4, "group_size": -1}, 4),  # per channel: scales negligible
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, 8),
+])
+def test_bits_per_quantized_weight_include_the_scales(quantization, bits):
+    config = {**LLAMA_8B, "quantization_config": quantization}
+    assert memory.target_weight_bytes(config)["dtype"] == f"{bits:g}-bit quantized"
+
+
+def test_an_unknown_quant_method_is_refused_naming_it():
+    config = {**LLAMA_8B, "quantization_config": {"quant_method": "hqq", "nbits": 4}}
+    with pytest.raises(InputError, match=r"config.json: .*quant_method 'hqq' is not one the memory model counts"):
+        memory.target_weight_bytes(config)
+
+
+def test_the_index_total_size_is_the_weights_exactly(tmp_path, s3_bucket):
+    """model.safetensors.index.json's metadata.total_size (what the checkpoint holds, scales and all) wins over the
+    count, local or on s3 (one small file, no weights); the transformers engine's precision still rescales it."""
+    from eagle3 import storage
+
+    total = 123_456_789_012
+    folder = tmp_path / "target"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(kimi_k2_config()))
+    assert memory.checkpoint_bytes(str(folder)) is None  # no index: counted from config.json
+    index = json.dumps({"metadata": {"total_size": total}, "weight_map": {}})
+    (folder / memory.INDEX_FILE).write_text(index)
+    storage.write_text(f"{s3_bucket}/target/{memory.INDEX_FILE}", index)
+    assert memory.checkpoint_bytes(str(folder)) == memory.checkpoint_bytes(f"{s3_bucket}/target") == total
+    w = memory.target_weight_bytes(kimi_k2_config(), stored=total)
+    assert w["bytes"] == total and w["source"] == memory.INDEX_FILE
+    assert memory.extraction_peak(kimi_k2_config(), 1024, "vllm", 8, stored=total)["parts"]["weights"] == total // 8
+    dense = memory.target_weight_bytes(LLAMA_8B, "float32", stored=16_060_522_496)  # bf16 as stored
+    assert dense["bytes"] == 2 * 16_060_522_496
+    unknown = {**LLAMA_8B, "quantization_config": {"quant_method": "hqq"}}
+    assert memory.target_weight_bytes(unknown, stored=total)["bytes"] == total  # the index needs no quantizer
+
+
+LLAMA_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16",
+            "tie_word_embeddings": False}
+
+
+def test_the_smallest_gpu_is_measured_and_a_mig_one_refused(tmp_path, monkeypatch):
+    """nvidia-smi's memory.total is the whole GPU's even when MIG splits it: a slice's memory must be given."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '143771, [N/A]'\necho '81559, Disabled'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert memory.device_memory() == (81559 * 2 ** 20, "cuda")
+    smi.write_text("#!/bin/sh\necho '81559, Enabled'\n")
+    with pytest.raises(InputError, match=f"MIG is enabled.*device_memory_gib \\(or {memory.GPU_MEMORY_ENV}\\)"):
+        memory.device_memory()
+    assert memory.device_memory(80) == (80 * memory.GiB, "given")

@@ -132,6 +132,26 @@ def test_the_speed_gate_reads_the_serving_engine_and_engines_that_disagree_are_r
         refused["reason"]
 
 
+def test_the_engine_refusal_names_the_prompts_its_interval_is_over(tmp_path):
+    """The agreement as evaluate writes it (eagle3.evaluate.compare.combine), not a hand-made dict: the paired
+    interval is over the prompts both engines decoded alike (`prompts`: 4 here), not all compared (6)."""
+    from eagle3.evaluate.compare import combine
+
+    def engine(emitted: int, differs_from: int) -> dict:
+        rows = [{"set": "humaneval", "id": str(i), "token_ids": [i] if i < differs_from else [-i],
+                 "counts": {"verifications": 10, "emitted": emitted + i % 2, "reached": [10, 8, 6],
+                            "accepted": [8, 6, 4]}} for i in range(6)]
+        return {"primary_set": "humaneval", "prompts": rows, "tokens_per_s_spec": 130.0, "tokens_per_s_base": 100.0,
+                "speedup": 1.3, "lossless": True, "precision": {"name": "float32"}}
+
+    agreement = combine({"transformers": engine(30, 6), "vllm": engine(20, 4)}, "transformers")["agreement"]
+    assert (agreement["vllm"]["prompts"], agreement["vllm"]["prompts_compared"]) == (4, 6)
+    root, registry = str(tmp_path / "runs"), str(tmp_path / "registry")
+    r, d = _eval(root, "mismatch", 2.6, agreement=agreement, **_engines((120.0, 100.0), (130.0, 100.0)))
+    refused = publish(PublishConfig(r, d, registry))
+    assert not refused["published"] and "(interval [+1.000, +1.000] over 4 prompts)" in refused["reason"]
+
+
 @pytest.mark.parametrize("changed", [{"num_prompts": 5}, {"proposer": "lookup+draft"}, {"backend": "vllm"},
                                      {"precision": {"name": "bfloat16"}}])
 def test_tau_measured_another_way_is_not_compared(tmp_path, changed):

@@ -118,3 +118,23 @@ def test_stats_reads_hidden_size_and_copies_to_out(prep, tmp_path):
     saved = json.loads((tmp_path / "run" / "stats" / "stats_table.json").read_text())
     assert saved["flags"][0]["dataset"] == "a1"
     assert (tmp_path / "run" / "stats" / "stats_table.txt").read_text().strip() == format_table(result)
+
+
+def test_a_manifest_limits_the_table_to_its_datasets(prep, tmp_path):
+    """The prepared folder is shared between runs (the demo's datasets stay there): with a manifest, as the DAG
+    passes its run's, only that manifest's datasets are counted, and another dataset's damaged file is not read."""
+    import yaml
+
+    # b is another run's, and its file no longer matches the checksum its stats.json records
+    (prep / "b" / "stats.json").write_text(json.dumps({"tokenized_sha256": "0" * 64}))
+    with pytest.raises(InputError, match="checksum"):
+        compute_stats(StatsConfig(str(prep)), write=False)  # without a manifest: every dataset, as before
+    manifest = tmp_path / "manifest.yaml"
+    manifest.write_text(yaml.safe_dump({"datasets": [
+        {"name": n, "source": f"{n}.jsonl", "format": "messages"} for n in ("a1", "d")]}))
+    result = compute_stats(StatsConfig(str(prep), manifest=str(manifest), max_seq_len=4096), write=False)
+    assert [r["dataset"] for r in result["datasets"]] == ["a1", "d"]
+    assert result["totals"]["samples"] == 7 + 2 and result["datasets"][0]["sample_share"] == pytest.approx(7 / 9)
+    manifest.write_text(yaml.safe_dump({"datasets": [{"name": "zeta", "source": "z.jsonl", "format": "messages"}]}))
+    with pytest.raises(InputError, match=r"\['zeta'\] have no tokenized.parquet"):
+        compute_stats(StatsConfig(str(prep), manifest=str(manifest)), write=False)

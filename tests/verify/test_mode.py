@@ -24,6 +24,17 @@ def test_costs_by_hand():
     assert c["online"]["hours"] - c["offline"]["hours"] == pytest.approx(2000 / 10 / 3600)
 
 
+def test_costs_price_only_what_the_store_lacks():
+    # 600 of the 1000 tokens (6 of 10 samples) stored: extract skips them, online reads them from the store
+    c = costs("bf16", 4, 1000, 10, epochs=3, extract_tokens_per_s=10.0, train_tokens_per_s=100.0,
+              stored_tokens=600, stored_samples=6)
+    assert c["offline"]["bytes"] == 400 * 37 + 8 * (4 + 1)
+    assert c["offline"]["extract_hours"] == pytest.approx(400 / 10 / 3600)
+    assert c["online"]["target_hours"] == pytest.approx(3 * 400 / 10 / 3600)
+    assert c["offline"]["train_hours"] == pytest.approx(3000 / 100 / 3600)  # training reads every sample
+    assert "6 of 10 samples already stored" in choose("auto", c, 10**9, 1.1, "/s")["reason"]
+
+
 def test_auto_takes_offline_when_the_store_fits_with_headroom_else_online():
     c = costs("bf16", 4, 1000, 10, 1, 10.0, 100.0)
     need = c["offline"]["bytes"]
@@ -52,3 +63,18 @@ def test_gate_records_the_mode_and_online_lifts_the_space_check(merged, caplog):
     space = {c["name"]: c for c in result["checks"]}["extraction_space"]
     assert space["passed"] and space["detail"].startswith("not needed, training online")
     assert storage.read_json(f"{merged}/verify.json")["training_mode"]["mode"] == "online"
+
+
+def test_online_waives_the_store_space_but_not_max_hours(merged, capsys):  # noqa: F811
+    """Online training still runs the target over every new token (each epoch): it waives the space, not max_hours."""
+    from eagle3.cli import main as cli_main
+
+    slow = ["verify", "--merged", merged, "--hidden-size", str(10**12), "--tokens-per-s", "1", "--training-mode",
+            "online"]
+    assert cli_main(slow) == 0  # the store would not fit: online needs none
+    assert cli_main([*slow, "--max-hours", "0.001"]) != 0
+    err = capsys.readouterr().err
+    assert "verify gate failed: extraction_space: training online (no store), so only max_hours applies" in err
+    assert "over the max_hours limit of 0.001 h by" in err
+    result = storage.read_json(f"{merged}/verify.json")
+    assert result["failed"] == ["extraction_space"] and result["training_mode"]["mode"] == "online"

@@ -16,6 +16,7 @@ from eagle3.errors import GateFailed
 from eagle3.merge import MergeConfig, merge
 from eagle3.merge.arrays import content_id
 from eagle3.verify import VerifyConfig, verify
+from eagle3.verify import stage
 from eagle3.verify.stage import ks_uniform
 from tests.merge.prepared_factory import random_rows, write_prepared
 
@@ -34,13 +35,13 @@ def merged(tmp_path) -> str:
     return out
 
 
-def plant(merged: str, edit, fix_checksum: bool = True) -> None:
+def plant(merged: str, edit, fix_checksum: bool = True, row_group_size: int | None = None) -> None:
     """Rewrite train.parquet through edit(dict of columns) -> dict, keeping the manifest checksum
     in step unless told otherwise, so only the targeted check can notice."""
     path = os.path.join(merged, "train.parquet")
     table = pq.read_table(path)
     cols = edit(table.to_pydict())
-    pq.write_table(pa.table(cols, schema=table.schema), path)
+    pq.write_table(pa.table(cols, schema=table.schema), path, row_group_size=row_group_size)
     if fix_checksum:
         man = storage.read_json(os.path.join(merged, "manifest.json"))
         man["checksums"]["train.parquet"] = storage.sha256_file(path)
@@ -162,7 +163,7 @@ def test_not_enough_free_space_or_time_fails_extraction_space(merged):
     assert failed == {"extraction_space"} and "short by" in msg
     assert checks["extraction_space"]["bytes_per_token"] == 4 * 10**12 * 2 + 5
     failed, msg, _ = failed_checks(merged, tokens_per_s=1e-3, max_hours=1.0)
-    assert failed == {"extraction_space"} and "over the 1.0 h limit by" in msg
+    assert failed == {"extraction_space"} and "over the max_hours limit of 1.0 h by" in msg
 
 
 def test_ks_uniform_accepts_uniform_and_rejects_clustered():
@@ -214,3 +215,50 @@ def test_an_empty_merge_is_refused(tmp_path, merged):
     plant(merged, lambda cols: {k: [] for k in cols})
     with pytest.raises(InputError, match="train.parquet holds no samples"):
         verify(VerifyConfig(merged))
+
+
+DATA_CHECKS = ("checksums", "lengths", "masks", "ids", "accounting", "matches_source", "shuffled", "uniform_positions",
+               "reproducible")
+
+
+def _several_defects(c):
+    c = _edit_row(c, 5, ids=[(c["input_ids"][5][0] + 1) % 1000] + c["input_ids"][5][1:])
+    c = _edit_row(c, 0, mask=[2] + c["loss_mask"][0][1:])
+    c = _edit_row(c, 1, ids=[5] + c["input_ids"][1][1:], fix_id=False)
+    return {k: v[:-1] for k, v in c.items()}
+
+
+def _short_mask(c):
+    c["loss_mask"][2] = c["loss_mask"][2][:-1]
+    return c
+
+
+@pytest.mark.parametrize("variant, edit", [("correct", lambda c: c), ("planted", _several_defects),
+                                           ("short_mask", _short_mask)])
+def test_files_are_read_in_batches_with_the_whole_file_result(merged, monkeypatch, variant, edit):
+    """Past 2^31 tokens a whole list<int32> column cannot be concatenated ("offset overflow"), and memory would
+    grow with the dataset: the gate reads train.parquet and the prepared files batch by batch, and its data checks
+    give what whole-file reading gave on the same rows (data_checks_golden.json, recorded with that reader)."""
+    plant(merged, edit, row_group_size=16)
+    prepared = storage.read_json(os.path.join(merged, "manifest.json"))["prepared"]
+    for name in "abc":
+        path = os.path.join(prepared, name, "tokenized.parquet")
+        pq.write_table(pq.read_table(path), path, row_group_size=16)
+    assert pq.ParquetFile(os.path.join(merged, "train.parquet")).num_row_groups > 5
+
+    def whole_file(*args, **kwargs):
+        raise pa.ArrowInvalid("offset overflow while concatenating arrays")
+    monkeypatch.setattr(pq, "read_table", whole_file)
+    monkeypatch.setattr(pq.ParquetFile, "read", whole_file)
+    monkeypatch.setattr(pa, "concat_arrays", whole_file)
+    monkeypatch.setattr(stage, "BATCH_ROWS", 7)  # rows split over batches, a repeated id in two of them
+    try:
+        verify(VerifyConfig(merged))
+    except GateFailed:
+        assert variant != "correct"
+    result = json.loads(open(os.path.join(merged, "verify.json")).read())
+    got = {"samples": result["samples"], "tokens": result["tokens"], "content_hash": result["content_hash"],
+           "failed": [n for n in result["failed"] if n in DATA_CHECKS],
+           "checks": [c for c in result["checks"] if c["name"] in DATA_CHECKS]}
+    with open(os.path.join(os.path.dirname(__file__), "data_checks_golden.json")) as f:
+        assert got == json.load(f)[variant]
