@@ -14,6 +14,7 @@ SGLang and vLLM reuse the target's embedding) and checksums.json. A full-vocab d
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -374,15 +375,23 @@ def draft_is_parallel(draft_dir: str) -> bool:
     return storage.exists(config) and exported_parallel(storage.read_json(config), config)
 
 
+def _need(config: dict, key: str, path: str):
+    if key not in config:
+        raise InputError(f"the draft's config.json has no {key!r}: it was not written by `eagle3 export` (or was "
+                         "edited); export the draft again from its checkpoint", file=path)
+    return config[key]
+
+
 def exported_vocab(draft_dir: str) -> frozenset[int]:
     """The target ids an exported draft can propose: i + d2t[i] for its Vd tokens, as vLLM and SGLang map them;
     every id of a full-vocab export (no d2t)."""
     from safetensors import safe_open
 
-    c = storage.read_json(storage.join(draft_dir, "config.json"))
+    path = storage.join(draft_dir, "config.json")
+    c = storage.read_json(path)
     with safe_open(storage.local_path(storage.join(draft_dir, "model.safetensors")), "numpy") as f:
         if "d2t" not in f.keys():
-            return frozenset(range(int(c["vocab_size"])))
+            return frozenset(range(int(_need(c, "vocab_size", path))))
         d2t = f.get_tensor("d2t")
     return frozenset((d2t + range(len(d2t))).tolist())
 
@@ -392,20 +401,24 @@ def load_exported_draft(draft_dir: str, embed_weight, device: str = "cpu"):
     import torch
     from safetensors.torch import load_file
 
-    from eagle3.draft.config import DEFAULT_MASK_TOKEN_ID, DraftConfig
+    from eagle3.draft.config import DEFAULT_MASK_TOKEN_ID, DraftConfig, rope_of
     from eagle3.draft.model import Eagle3Draft
 
-    c = storage.read_json(storage.join(draft_dir, "config.json"))
+    path = storage.join(draft_dir, "config.json")
+    c = storage.read_json(path)
     if c.get("architectures") != ["LlamaForCausalLMEagle3"]:
         raise InputError(f"{draft_dir}/config.json is not an EAGLE3 draft (architectures={c.get('architectures')})")
-    parallel = exported_parallel(c, storage.join(draft_dir, "config.json"))
+    parallel = exported_parallel(c, path)
+    need = functools.partial(_need, c, path=path)
+    theta, scaling = rope_of(c)  # a transformers-5 config keeps them in rope_parameters
+    heads = need("num_attention_heads")
     cfg = DraftConfig(
-        hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
-        num_attention_heads=c["num_attention_heads"], num_key_value_heads=c["num_key_value_heads"],
-        head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
-        rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_theta"], rope_scaling=c.get("rope_scaling"),
-        max_position_embeddings=c["max_position_embeddings"], vocab_size=c["vocab_size"],
-        draft_vocab_size=c["draft_vocab_size"],
+        hidden_size=need("hidden_size"), intermediate_size=need("intermediate_size"),
+        num_attention_heads=heads, num_key_value_heads=c.get("num_key_value_heads") or heads,
+        head_dim=c.get("head_dim") or need("hidden_size") // heads,
+        rms_norm_eps=need("rms_norm_eps"), rope_theta=theta, rope_scaling=scaling,
+        max_position_embeddings=need("max_position_embeddings"), vocab_size=need("vocab_size"),
+        draft_vocab_size=c.get("draft_vocab_size") or need("vocab_size"),  # absent: full vocab, as vLLM reads it
         aux_layers=tuple(trained_aux_layers(c, storage.join(draft_dir, "config.json"))),
         hidden_act=c.get("hidden_act", "silu"),
         variant=exported_variant(c, storage.join(draft_dir, "config.json")),

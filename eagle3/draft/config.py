@@ -137,14 +137,7 @@ class DraftConfig:
             return target[key]
 
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
-        # transformers 5 keeps rope_theta and the scaling inside rope_parameters.
-        rope = dict(target.get("rope_parameters") or {})
-        if isinstance(rope.get("full_attention"), dict):
-            # Per layer type (Gemma 3: sliding 10k, full 1M). The draft attends over the whole
-            # context, as the target's full-attention layers do (SGLang's draft has no window).
-            rope = dict(rope["full_attention"])
-        theta = float(target.get("rope_theta", rope.pop("rope_theta", 10000.0)))
-        scaling = target.get("rope_scaling") or (rope if rope_type_of(rope) != "default" else None)
+        theta, scaling = rope_of(target)
         return cls(
             hidden_size=hidden,
             intermediate_size=int(need("intermediate_size")),
@@ -189,6 +182,19 @@ class DraftConfig:
         """Inverse of `to_dict`; unknown keys are refused (they name ``where``). A checkpoint written before the
         rename (``aux_layer_ids``) reads with a deprecation message (eagle3.config.RENAMED)."""
         return from_dict(cls, data, where)
+
+
+def rope_of(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling or None) of an HF config dict, transformers 4 or 5 layout (5 keeps both inside
+    rope_parameters)."""
+    rope = dict(config.get("rope_parameters") or {})
+    if isinstance(rope.get("full_attention"), dict):
+        # Per layer type (Gemma 3: sliding 10k, full 1M). The draft attends over the whole
+        # context, as the target's full-attention layers do (SGLang's draft has no window).
+        rope = dict(rope["full_attention"])
+    theta = float(config.get("rope_theta", rope.pop("rope_theta", 10000.0)))
+    scaling = config.get("rope_scaling") or (rope if rope_type_of(rope) != "default" else None)
+    return theta, scaling
 
 
 def rope_type_of(scaling: dict[str, Any] | None) -> str:

@@ -28,12 +28,16 @@ def heldout_split(ids: list[str], share: float) -> tuple[list[str], list[str]]:
     Depends on the id alone, so the held-out set stays the same across seeds,
     epochs and re-extractions that add samples.
     """
+    def rank(sid: str) -> float:
+        return int.from_bytes(hashlib.sha256(f"heldout:{sid}".encode()).digest()[:8], "big") / 2**64
+
     train, held = [], []
     for sid in ids:
-        h = int.from_bytes(hashlib.sha256(f"heldout:{sid}".encode()).digest()[:8], "big") / 2**64
-        (held if h < share else train).append(sid)
-    if share > 0 and not held and len(train) > 1:  # tiny stores: keep at least one for evaluation
-        held.append(train.pop())
+        (held if rank(sid) < share else train).append(sid)
+    if share > 0 and not held and len(train) > 1:  # tiny stores: keep one for evaluation, by its id alone too
+        first = min(train, key=rank)
+        train.remove(first)
+        held.append(first)
     return train, held
 
 

@@ -83,6 +83,28 @@ def test_reloaded_export_reproduces_trainer_logits(tmp_path, dtype, tol):
     torch.testing.assert_close(_logits(reloaded, batch), _logits(model, batch), rtol=tol, atol=tol)
 
 
+def test_a_transformers_5_config_loads_and_a_missing_key_is_named(tmp_path):
+    """rope_theta inside rope_parameters (transformers 5 writes it there) loads as the top-level key did; a key
+    the loader needs and the file lacks is an InputError naming config.json, not a KeyError traceback."""
+    model = make_tiny_draft()
+    batch = tiny_batch(model.config, b=1, t=8)
+    write_checkpoint(tmp_path / "ckpt", model)
+    export(ExportConfig(checkpoint=str(tmp_path / "ckpt"), out=str(tmp_path / "draft"), dtype="float32"))
+    path = tmp_path / "draft" / "config.json"
+    cfg = json.loads(path.read_text())
+    theta = cfg.pop("rope_theta")
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    path.write_text(json.dumps(cfg))
+    reloaded = load_exported_draft(str(tmp_path / "draft"), model.embed_weight)
+    assert reloaded.config.rope_theta == theta
+    torch.testing.assert_close(_logits(reloaded, batch), _logits(model, batch), rtol=1e-6, atol=1e-6)
+    del cfg["rms_norm_eps"]
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match="config.json has no 'rms_norm_eps'") as info:
+        load_exported_draft(str(tmp_path / "draft"), model.embed_weight)
+    assert str(path) in str(info.value)
+
+
 def test_export_refuses_missing_or_unexpected_tensors(tmp_path):
     model = make_tiny_draft()
     write_checkpoint(tmp_path / "extra", model, extra={"embed_tokens.weight": model.embed_weight})

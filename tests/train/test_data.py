@@ -22,6 +22,17 @@ def test_heldout_split_is_stable_disjoint_and_roughly_sized():
     assert set(held) <= set(held2)
 
 
+def test_a_tiny_sets_one_held_out_sample_does_not_depend_on_the_order():
+    """No id hashes below the share (a few samples): one is held out all the same, chosen by its id's hash,
+    not by its place in train.parquet (the merge's seeded shuffle: two seeds held out different samples)."""
+    ids = ["a", "b", "c", "d", "e"]
+    assert all(data.heldout_split([i], 1e-9) == ([i], []) for i in ids)  # one sample: nothing to hold out
+    train, held = data.heldout_split(ids, 1e-9)
+    assert len(held) == 1 and sorted(train + held) == ids
+    assert data.heldout_split(list(reversed(ids)), 1e-9)[1] == held
+    assert data.heldout_split(ids[2:] + ids[:2], 1e-9)[1] == held
+
+
 def test_global_batches_deterministic_per_seed_epoch_and_cover_all():
     lens = _lengths()
     ids = list(lens)
