@@ -64,8 +64,9 @@ def save(out: str, step: int, model: dict, optimizer: dict, state: dict, config:
     """Write ``OUT/step-<n>`` atomically, point ``latest.json`` at it, keep the last ``keep``.
 
     Saving a step that exists (the OOM path re-saves the current step with a smaller micro-batch)
-    replaces it; a kill in between leaves latest.json pointing at a missing folder, and
-    :func:`latest_step_dir` then takes the newest complete one.
+    replaces it in one atomic swap (`storage.atomic_dir`); where the filesystem cannot swap, a kill in between
+    leaves latest.json pointing at a missing folder, and :func:`latest_step_dir` then takes the newest
+    complete one.
     """
     from safetensors.torch import save_file
 

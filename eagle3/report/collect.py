@@ -118,8 +118,9 @@ def task_state_map(tasks: list[dict] | None) -> dict[str, str]:
 # -- sections ---------------------------------------------------------------------------------
 
 def read_datasets(paths: Mapping[str, str | None], reuse: Mapping[str, Any] | None = None) -> dict | None:
-    """{"rows", "flagged", "origin"}: the stats stage's table (RUN/stats/stats_table.json), else each prepared
-    dataset's stats.json, else the merged manifest's sources; each row with its tokenize reuse when known."""
+    """{"rows", "flagged", "origin"}: the stats stage's table (RUN/stats/stats_table.json), else the stats.json of
+    each dataset this run tokenized (the prepared folder is shared between runs: never another run's), else the
+    merged manifest's sources; each row with its tokenize reuse when known."""
     rows: list[dict] = []
     flagged: list[dict] = []
     origin = None
@@ -129,9 +130,10 @@ def read_datasets(paths: Mapping[str, str | None], reuse: Mapping[str, Any] | No
         rows = [dict(r) for r in table["datasets"] if isinstance(r, dict) and "dataset" in r]
         flagged = [{"dataset": f.get("dataset"), "reason": f.get("message", "")} for f in table.get("flags") or []]
         origin = storage.join(stats, STATS_TABLE)
-    if not rows and prepared:
+    state = (reuse or {}).get("tokenize") or {}  # this run's tokenize tasks: {dataset: reused or tokenized}
+    if not rows and prepared and state:
         for name in list_files(prepared):
-            if name.count("/") == 1 and name.endswith("/stats.json"):
+            if name.count("/") == 1 and name.endswith("/stats.json") and name.split("/")[0] in state:
                 doc = _dict(read_json(storage.join(prepared, name))) or {}
                 if "samples" in doc and "tokens" in doc:
                     rows.append({"dataset": doc.get("dataset", name.split("/")[0]),
@@ -150,7 +152,6 @@ def read_datasets(paths: Mapping[str, str | None], reuse: Mapping[str, Any] | No
         for r in rows:
             r["sample_share"] = int(r.get("samples") or 0) / total_s
             r["token_share"] = int(r.get("tokens") or 0) / total_t
-    state = (reuse or {}).get("tokenize") or {}
     for r in rows:
         if r["dataset"] in state:
             r["reused"] = state[r["dataset"]] == "reused"

@@ -165,3 +165,38 @@ def test_a_torn_metrics_line_is_left_out_with_a_warning_not_a_stop(tmp_path, cap
     assert any(f"{uri}:4: not a metrics event" in r.getMessage() for r in caplog.records)
     assert [r["step"] for r in read_metrics(uri)] == [1, 2]
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
+
+
+@pytest.mark.parametrize("swap", [True, False])
+def test_a_kill_while_re_saving_the_only_step_keeps_a_step_to_resume(tmp_path, monkeypatch, swap):
+    """The OOM path re-saves the current step. With one step on disk, a kill between moving the old folder aside
+    and renaming the new one in left no complete step: the run started over from a fresh draft. The folder is now
+    swapped in one atomic step (RENAME_EXCHANGE), so at every moment one complete step-5 is there."""
+    import os
+
+    from eagle3 import storage
+
+    model, opt, names = _model_and_opt()
+    tensors, meta = ck_state.optimizer_tensors(opt, names)
+    ck.save(str(tmp_path), 5, model.state_dict(), tensors, {"opt": meta, "micro": 512}, {})
+    real_rename = os.rename
+
+    def killed(src, dst, *a, **k):  # the process dies right after moving the old folder aside
+        real_rename(src, dst, *a, **k)
+        if ".old" in str(dst):
+            raise SystemExit("killed between the renames")
+
+    if not swap:  # a filesystem without RENAME_EXCHANGE (NFS): the two renames, and their window, remain
+        monkeypatch.setattr(storage, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(os, "rename", killed)
+    try:
+        ck.save(str(tmp_path), 5, model.state_dict(), tensors, {"opt": meta, "micro": 256}, {})
+    except SystemExit:
+        assert not swap
+    monkeypatch.setattr(os, "rename", real_rename)
+    got = ck.load_latest(str(tmp_path))
+    if swap:
+        assert got is not None and got.step == 5 and got.state["micro"] == 256
+        assert [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []  # the old folder is gone
+    else:
+        assert got is None  # the window this fixes where it can

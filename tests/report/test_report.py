@@ -66,6 +66,21 @@ def test_full_report(tmp_path):
                                      "reused_samples": 5, "extracted_tokens": 90}
 
 
+def test_datasets_of_another_run_in_the_shared_prepared_folder_are_left_out(tmp_path):
+    """Without a stats table the rows come from prepared/*/stats.json, a folder every run shares: only the
+    datasets this run tokenized count (another run's `code` used to join the table and its shares)."""
+    from eagle3.report.collect import read_datasets
+
+    run, prep = _run(tmp_path)
+    storage.write_json(f"{run}/summaries/tokenize.0.json", {"datasets": {"chat": {"reused": True}}})
+    summary = report(ReportConfig(str(tmp_path), "dag", "run1"))
+    written = json.loads((tmp_path / "runs" / "dag" / "run1" / "report" / "report.json").read_text())
+    assert [(r["dataset"], r["sample_share"]) for r in written["datasets"]["rows"]] == [("chat", 1.0)]
+    assert summary is not None
+    paths = RunLayout(str(tmp_path), "dag", "run1").paths()
+    assert read_datasets(paths, {}) is None  # nothing says which datasets are this run's (and no merged manifest)
+
+
 def test_report_with_nothing_but_a_checkpoint(tmp_path):
     run, _ = _run(tmp_path)
     written = write_report(str(tmp_path / "out"), checkpoint=run + "/checkpoint")
