@@ -140,15 +140,31 @@ def exists(uri: str | os.PathLike) -> bool:
     uri = str(uri)
     if not is_s3(uri):
         return os.path.exists(uri)
+    return _head(uri) is not None
+
+
+def file_size(uri: str | os.PathLike) -> int | None:
+    """The size in bytes of the file at ``uri``, None when there is none; on S3 one HEAD, nothing downloaded."""
+    uri = str(uri)
+    if not is_s3(uri):
+        try:
+            return os.path.getsize(uri)
+        except FileNotFoundError:
+            return None
+    head = _head(uri)
+    return None if head is None else int(head["ContentLength"])
+
+
+def _head(uri: str) -> dict | None:
+    """S3's HEAD answer for the object ``uri``; None when there is no such object."""
     bucket, key = split_s3(uri)
     from botocore.exceptions import ClientError
 
     try:
-        _client().head_object(Bucket=bucket, Key=key)
-        return True
+        return _client().head_object(Bucket=bucket, Key=key)
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return False
+            return None
         raise
 
 
@@ -322,13 +338,27 @@ def atomic_file(uri: str | os.PathLike) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False, changing nothing,
+    where the C library or the filesystem cannot."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
 @contextlib.contextmanager
 def atomic_dir(uri: str | os.PathLike) -> Iterator[Path]:
     """A local folder to fill; when the block ends without error it appears at ``uri`` whole.
 
-    Local: a temporary folder beside ``uri``, renamed into place; an existing folder of that name is
-    moved aside first and removed after (a kill between the two renames leaves the old one under a
-    ``.tmp`` name and nothing at ``uri``, never a half-written folder). S3: the files are uploaded
+    Local: a temporary folder beside ``uri``, renamed into place; an existing folder of that name is swapped
+    with it atomically (Linux's RENAME_EXCHANGE), then removed; where the filesystem cannot swap, it is moved
+    aside first (a kill between the two renames leaves the old one under a ``.tmp`` name and nothing at
+    ``uri``, never a half-written folder). S3: the files are uploaded
     one by one; callers that need all-or-nothing on S3 write a pointer file last (checkpoints do).
     """
     uri = str(uri)
@@ -346,7 +376,9 @@ def atomic_dir(uri: str | os.PathLike) -> Iterator[Path]:
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
         kill_point(f"publish:{dest.name}")
-        if dest.exists():
+        if dest.exists() and _exchange(tmp, dest):
+            pass  # one atomic swap: the old folder is now at tmp, removed below
+        elif dest.exists():  # no RENAME_EXCHANGE (not Linux, or NFS): two renames, a window with nothing at dest
             trash = Path(tempfile.mkdtemp(prefix=tmp_prefix(dest.name), suffix=".old" + TMP_SUFFIX, dir=dest.parent))
             os.rename(dest, trash / dest.name)
             os.rename(tmp, dest)

@@ -24,6 +24,8 @@ def test_write_read_list_roundtrip(root):
     assert digest == storage.sha256_bytes(storage.read_bytes(storage.join(root, "a", "x.json")))
     assert storage.exists(storage.join(root, "b.bin"))
     assert not storage.exists(storage.join(root, "missing"))
+    assert storage.file_size(storage.join(root, "b.bin")) == 2  # on S3 a HEAD: nothing downloaded
+    assert storage.file_size(storage.join(root, "missing")) is None
     storage.delete(storage.join(root, "b.bin"))
     assert storage.list_files(root) == ["a/x.json"]
 
