@@ -395,8 +395,17 @@ class Trainer:
         last_eval = None
         if self.ckpt is not None and self.step >= self.total_steps and (self.budget is None or self.budget.fixed):
             # A finished run started again (e.g. a re-triggered task): nothing to train, no duplicate lines.
-            log.info("%s is already at step %d of %d; nothing to do", cfg.out, self.step, self.total_steps)
             evals = checkpoint.read_metrics(self.metrics.uri, "eval") if dist.is_main else []
+            # An out-of-memory in the final held-out evaluation saved this step and stopped: evaluate it now
+            # (rank 0 reads the metrics; every rank joins the evaluation).
+            missing = dist.is_main and not (evals and evals[-1].get("step") == self.total_steps)
+            if self.inp.heldout_ids and dist.all_reduce(torch.tensor([float(missing)]), op="max").item():
+                log.info("%s is at step %d of %d without its final held-out evaluation: evaluating", cfg.out,
+                         self.step, self.total_steps)
+                last_eval = self.evaluate()
+                self._flush_online()
+                return self._summary(last_eval, 0, 0.0)
+            log.info("%s is already at step %d of %d; nothing to do", cfg.out, self.step, self.total_steps)
             return self._summary(evals[-1] if evals else None, 0, 0.0)
         log.info("training %d steps (from step %d), %d train / %d held-out samples, micro-batch %d tokens x "
                  "grad_accum %d x %d process(es), %d tokens per step, %s compute (%s)", self.total_steps, self.step,

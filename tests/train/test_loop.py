@@ -63,6 +63,26 @@ def test_train_learns_logs_every_ttt_step_and_evaluates(tiny_store, tmp_path):
     assert again["sim_accept_len"] == pytest.approx(summary["sim_accept_len"])
 
 
+def test_a_run_stopped_in_its_final_evaluation_evaluates_when_started_again(tiny_store, tmp_path):
+    """An out-of-memory in the final held-out evaluation saves the last step and stops; the retry found the run
+    at its last step and returned the previous evaluation (None without mid-run ones) as the offline estimate."""
+    import json
+
+    out = tmp_path / "ckpt"
+    done = train(cfg_for(tiny_store, out, heldout_share=0.2))
+    metrics = out / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    final = [r for r in rows if r["event"] == "eval"]
+    assert [r["step"] for r in final] == [done["steps"]]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows if r["event"] != "eval"))  # as the OOM left it
+    again = train(cfg_for(tiny_store, out, heldout_share=0.2))
+    evals = read_metrics(str(metrics), "eval")
+    assert [r["step"] for r in evals] == [done["steps"]] and again["steps"] == done["steps"]
+    assert again["sim_accept_len"] == pytest.approx(done["sim_accept_len"])
+    third = train(cfg_for(tiny_store, out, heldout_share=0.2))  # complete now: nothing to do, no second line
+    assert len(read_metrics(str(metrics), "eval")) == 1 and third["sim_accept_len"] == again["sim_accept_len"]
+
+
 def test_micro_batch_split_does_not_change_the_curve(tiny_store, tmp_path):
     """Same effective batch, 128x1 vs 64x2 vs 32x4 tokens: same steps, same losses (float tolerance)."""
     torch.set_num_threads(1)
