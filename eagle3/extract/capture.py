@@ -78,6 +78,12 @@ class TargetCapture:
             return F.linear(hidden.to(self._head32.device).float(), self._head32,
                             None if bias is None else bias.float())
 
+    def forward_batches(self, batches, window_tokens: int = 0):
+        """:meth:`forward` of each ``(seqs, sample_ids)`` of ``batches``, in order: one forward pass each (the
+        served engines' version also sends requests ahead into later batches, within ``window_tokens``)."""
+        for seqs, sample_ids in batches:
+            yield self.forward(seqs, sample_ids)
+
     @torch.inference_mode()
     def forward(self, seqs: list[list[int]], sample_ids: list[str] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:

@@ -14,6 +14,7 @@ answer's tensors pass (shape, finiteness) with errors that name the sample.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -144,16 +145,37 @@ class ServedCapture:
     def forward(self, seqs: list, sample_ids: list[str] | None = None):
         """One request per sample, ``requests_in_flight`` at a time. Returns (aux [ΣT, 3H], the target side,
         lengths), samples in the given order; ``sample_ids`` name them in errors."""
-        self.start()
         names = list(sample_ids) if sample_ids is not None else [f"#{i}" for i in range(len(seqs))]
-        seqs = [[int(t) for t in s] for s in seqs]
-        pool = ThreadPoolExecutor(max_workers=max(1, min(self.cfg.requests_in_flight, len(seqs))))
+        return next(self.forward_batches([(seqs, names)], 0))
+
+    def forward_batches(self, batches, window_tokens: int):
+        """:meth:`forward` of each ``(seqs, sample_ids)`` of ``batches``, in order, without waiting at batch
+        boundaries: up to ``requests_in_flight`` requests are in flight at a time, and while a batch's
+        answers come in, the samples of the next batches are already sent, as long as the samples sent and
+        not yet handed back hold at most ``window_tokens`` tokens (their states wait here; a batch's own
+        samples are always sent). A per-batch pool idled the server at every batch's tail and while the
+        caller encoded and stored each batch, and capped the requests in flight at the batch's samples."""
+        self.start()
+        pool = ThreadPoolExecutor(max_workers=self.cfg.requests_in_flight)
+        samples = ((b, seq, name) for b, (seqs, names) in enumerate(batches) for seq, name in zip(seqs, names))
+        sent: dict[int, list] = collections.defaultdict(list)  # batch -> [(future, tokens)], in order
+        held, nxt = 0, next(samples, None)
         try:
-            answers = list(pool.map(self._one, seqs, names))
+            b = 0
+            while nxt is not None or sent:
+                while nxt is not None and (nxt[0] <= b or held + len(nxt[1]) <= window_tokens):
+                    ids = [int(t) for t in nxt[1]]
+                    sent[nxt[0]].append((pool.submit(self._one, ids, nxt[2]), len(ids)))
+                    held += len(ids)
+                    nxt = next(samples, None)
+                mine = sent.pop(b, [])
+                answers = [f.result() for f, _ in mine]
+                held -= sum(n for _, n in mine)
+                aux, target = self._assemble(answers)
+                yield aux, target, [n for _, n in mine]
+                b += 1
         finally:  # on an error or SIGTERM, do not wait for the other requests: close() stops the server next
             pool.shutdown(wait=False, cancel_futures=True)
-        aux, target = self._assemble(answers)
-        return aux, target, [len(s) for s in seqs]
 
     def post(self, path: str, payload: dict, name: str) -> dict:
         """POST ``payload`` as JSON to the server for sample ``name``; its JSON answer. An HTTP error status

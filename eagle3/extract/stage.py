@@ -3,12 +3,14 @@
 One call handles one task (``shard="I/N"``): it takes its 1/N of the samples,
 skips every sample id any index of the store already lists (incremental, and
 resume after a crash), plans shards and batches deterministically
-(:mod:`eagle3.extract.plan`), prints an estimate of hours and bytes, then
-extracts shard by shard; each shard is published atomically and then added to
-``index-<task>.json``. After an out-of-memory it halves the token budget
-(never below one sample of the longest length: eagle3.oom.halved_budget),
-writes it to ``adapt-<task>.json`` and raises GpuOutOfMemory; the next run
-starts from that budget. At its start it re-extracts its own missing or damaged
+(:mod:`eagle3.extract.plan`: batches over the whole list, so they may cross
+shards), prints an estimate of hours and bytes, then extracts batch by batch; a
+thread of its own writes each shard as soon as its samples are done (published
+atomically, then added to ``index-<task>.json``) while the next batches run.
+After an out-of-memory it halves the token budget (never below one sample of
+the longest length: eagle3.oom.halved_budget), writes it to
+``adapt-<task>.json`` and raises GpuOutOfMemory; the next run starts from that
+budget. At its start it re-extracts its own missing or damaged
 shards in place, and drops other tasks' ones that hold its samples from their
 indexes (those samples are then extracted again). The forward is ``engine``'s:
 transformers in this process (eagle3.extract.capture), or a vLLM or SGLang
@@ -18,6 +20,7 @@ same for all of them.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import time
@@ -28,8 +31,8 @@ from eagle3 import storage_options
 from eagle3.extract.config import SERVED_ENGINES, ExtractConfig
 from eagle3.errors import GpuOutOfMemory, InputError
 from eagle3.extract import codec
-from eagle3.extract.plan import (Sample, cut_batches, cut_shards, in_task, order, padding_share, parse_shard,
-                                 task_name)
+from eagle3.extract.plan import (Plan, Sample, ShardPlan, batch_carry, cut_batches, in_task, order, padding_share,
+                                 parse_shard, plan_task, recorded_batches, sort_key, task_name)
 
 log = logging.getLogger(__name__)
 
@@ -80,23 +83,62 @@ def read_merged(uri: str) -> tuple[list[Sample], MergedTokens]:
     return out, tokens
 
 
-def _repair_plan(writer, merged: list[Sample], budget: int) -> list[tuple[str, list[list[Sample]]]]:
-    """This task's shards whose file is missing or fails its sha256, each with the batches that re-extract it
-    under its own name (the same samples in the same batches: the same bytes). A bad shard whose samples
-    are no longer all in the merged dataset is dropped instead; its samples that are get extracted anew."""
+def _stored(writer, by_id: dict[str, Sample]) -> tuple[list, dict[str, int]]:
+    """This task's stored samples in stored order (its shards by number; None for a sample no longer in the
+    dataset), and where each shard's samples start in that list."""
+    from eagle3.extract.store_format import shard_seq
+
+    stored, starts = [], {}
+    for name in sorted(writer.index(), key=shard_seq):
+        starts[name] = len(stored)
+        stored += [by_id.get(i) for i in writer.index()[name]["sample_ids"]]
+    return stored, starts
+
+
+def _repair_plan(writer, by_id: dict[str, Sample], budget: int) -> list[Plan]:
+    """A plan for each of this task's shards whose file is missing or damaged, re-extracting it under its own
+    name: its samples in the batches its index entry records (with the neighbours those batches held,
+    forwarded again and not stored), so the same bytes; where a neighbour is gone or a batch exceeds the
+    budget (halved after an out-of-memory), its samples cut anew. A bad shard whose samples are no longer all
+    in the merged dataset is dropped instead; its samples that are get extracted anew."""
     from eagle3.extract.store import corrupted_shards
 
-    bad = corrupted_shards(writer.uri, writer.index(), use_marks=True)
-    by_id = {s.id: s for s in merged}
-    plan = []
+    bad = corrupted_shards(writer.uri, writer.index(), use_marks=True, by_size=True)
+    stored, starts = _stored(writer, by_id)
+    plans = []
     for name, why in bad.items():
-        ids = writer.index()[name]["sample_ids"]
+        entry = writer.index()[name]
         log.warning("extract: %s/%s is corrupted (%s); extracting it again", writer.uri, name, why)
-        if all(i in by_id for i in ids):
-            plan.append((name, cut_batches(order([by_id[i] for i in ids]), budget)))
-        else:
+        own = [by_id.get(i) for i in entry["sample_ids"]]
+        if None in own:
             writer.drop_shard(name)
-    return plan
+            continue
+        batches = recorded_batches(stored, starts[name], entry)
+        if batches is None or any(len(b) > 1 and len(b) * max(lengths_of(b)) > budget for b in batches):
+            batches = cut_batches(order(own), budget)
+        if entry.get("batch_sizes"):  # the plan's batches stay on record (a later resume continues them)
+            shard = ShardPlan(own, tuple(entry["batch_sizes"]), int(entry.get("batch_offset", 0)), name)
+        else:
+            shard = ShardPlan(own, tuple(len(b) for b in batches), 0, name)
+        plans.append(Plan(batches, [shard]))
+    return plans
+
+
+def _carried(writer, by_id: dict[str, Sample], todo: list[Sample]) -> list[Sample]:
+    """The stored samples that open the batch a killed run was in when it wrote its last shard: a resumed run
+    forwards them again (and stores nothing of them), so that batch and every later one are the uninterrupted
+    run's (eagle3.extract.plan, cut_batches is suffix-stable). Empty when the last shard ended a batch, or the
+    remaining samples are not what that run left (another dataset, another task's samples)."""
+    if not todo or not writer.index():
+        return []
+    from eagle3.extract.store_format import shard_seq
+
+    n = batch_carry(writer.index()[max(writer.index(), key=shard_seq)])
+    stored, _ = _stored(writer, by_id)
+    carried = stored[len(stored) - n:] if 0 < n <= len(stored) else []
+    if None in carried or order(carried) != carried or (carried and sort_key(carried[-1]) >= sort_key(todo[0])):
+        return []
+    return carried
 
 
 def run(cfg: ExtractConfig) -> dict:
@@ -143,6 +185,7 @@ def transformers_engine() -> dict:
 def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: float, task: str,
                   mine: list[Sample], tokens: MergedTokens) -> dict:
     """The task's work once its target is ready: ``cap`` runs the forward (TargetCapture or a ServedCapture)."""
+    from eagle3.background import BackgroundWriter
     from eagle3.errors import is_oom
     from eagle3.oom import halved_budget
     from eagle3.extract.store import StoreWriter
@@ -169,83 +212,101 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
                      writer.adapt_path(), adapt.get("asked"), adapted, adapt.get("device"), budget, here)
     # another task's bad shard is not this task's to rewrite, but its samples of this task are
     dropped = writer.drop_bad_shards_of_others(s.id for s in mine)
-    repairs = _repair_plan(writer, mine, budget)
+    by_id = {s.id: s for s in mine}
+    repairs = _repair_plan(writer, by_id, budget)
     done = writer.done_ids()  # a repaired shard's samples too: they are rewritten in place, not added
     todo = order([s for s in mine if s.id not in done])
-    repaired = sum(len(b) for _, batches in repairs for b in batches)
+    repaired = sum(len(sh.samples) for p in repairs for sh in p.shards)
     bpt = storage_options.bytes_per_token(cfg.storage_option, cap.hidden_size)
-    shards = cut_shards(todo, max(1, int(cfg.shard_mb * 2**20) // bpt))
-    plan = [cut_batches(sh, budget) for sh in shards]
-    named = [*repairs, *((None, batches) for batches in plan)]
-    plan = [batches for _, batches in named]
-    real, padded = padding_share([b for batches in plan for b in batches])
+    shard_tokens = max(1, int(cfg.shard_mb * 2**20) // bpt)
+    main = plan_task(todo, budget, shard_tokens, _carried(writer, by_id, todo))
+    plans = [*repairs, main]
+    batches = [b for p in plans for b in p.batches]
+    real, padded = padding_share(batches)  # real: tokens forwarded, a resumed batch's stored samples too
+    to_store = sum(s.num_tokens for p in plans for sh in p.shards for s in sh.samples)
     summary = {
         "store": writer.uri, "task": task, "device": device, "storage_option": cfg.storage_option,
         "aux_layers": cap.aux_layers,
         "forward": cap.forward_path, "precision": cap.precision.to_dict(), "engine": engine,
         "samples_in_task": len(mine), "samples_skipped": len(mine) - len(todo) - repaired,
         "samples_extracted": 0,
-        "shards_repaired": [name for name, _ in repairs], "shards_dropped": sorted(dropped),
+        "shards_repaired": [sh.name for p in repairs for sh in p.shards], "shards_dropped": sorted(dropped),
         "tokens": 0, "shards_written": 0, "bytes_written": 0, "bytes_per_token": bpt, "token_budget": budget,
         "padding_share": round(1 - real / padded, 4) if padded else 0.0,
     }
-    log.info("extract %s: %d samples in this task, %d already stored, %d to do (%d tokens) in %d shards; "
-             "padding %.1f%% of %d padded tokens at budget %d; %s forward in %s (%s)", task, len(mine),
-             summary["samples_skipped"], len(todo), real, len(shards), 100 * summary["padding_share"], padded,
-             budget, cap.forward_path, cap.precision.name, cap.precision.reason)
-    if cfg.engine in SERVED_ENGINES and named:
+    log.info("extract %s: %d samples in this task, %d already stored, %d to do (%d tokens) in %d shards, %d "
+             "batches of up to %d padded tokens; padding %.1f%% of %d padded tokens at budget %d; %s forward in "
+             "%s (%s)", task, len(mine), summary["samples_skipped"], len(todo), to_store,
+             len(main.shards), len(batches), max((len(b) * max(lengths_of(b)) for b in batches), default=0),
+             100 * summary["padding_share"], padded, budget, cap.forward_path, cap.precision.name,
+             cap.precision.reason)
+    if cfg.engine in SERVED_ENGINES and batches:
         cap.start()  # before the clocks of progress and of the first batch: a start is minutes, not throughput
         summary["server_start_s"] = cap.start_s
     longest = max(lengths_of(mine), default=1)  # the OOM policy's floor: one sample of the longest length
-    progress = Progress("extract", len(todo) + repaired, real, every_s=cfg.progress_every_s, logger=log,
+    progress = Progress("extract", len(todo) + repaired, to_store, every_s=cfg.progress_every_s, logger=log,
                         kept=summary["samples_skipped"])
     forward_s, estimated = 0.0, False
     # Rate for the estimate: skip the first batch (warm-up, and the shortest samples), then
     # measure at least one budget's worth of tokens.
-    n_batches, seen, rate_tokens, rate_s = sum(len(b) for b in plan), 0, 0, 0.0
+    n_batches, seen, rate_tokens, rate_s = len(batches), 0, 0, 0.0
     if cfg.tokens_per_s and todo:  # known throughput: estimate before any work
-        summary["estimate"] = _estimate(cfg, real, len(todo), bpt, cfg.tokens_per_s)
+        summary["estimate"] = _estimate(cfg, to_store, len(todo) + repaired, bpt, cfg.tokens_per_s)
         estimated = True
     slow = float(os.environ.get(SLOW_SHARD_ENV, "0") or 0)
-    for shard_name, batches in named:
-        items = []
-        for batch in batches:
-            t0 = time.monotonic()
-            try:
-                seqs = [tokens.row(s.row)[0] for s in batch]
-                aux, last, lengths = cap.forward(seqs, sample_ids=[s.id for s in batch])
-                feats = codec.encode(cfg.storage_option, aux, last, lm_head=cap.lm_head)
-            except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
-                if not is_oom(e):
-                    raise
-                halved = halved_budget(budget, longest, "merge with a smaller --max-seq-len, or extract with "
-                                       "--engine vllm or sglang and tensor parallelism (docs/extract.md)")
-                _persist_halved_budget(writer.adapt_path(), halved, budget, batch, e, cfg.token_budget, here)
-                raise GpuOutOfMemory(
-                    f"out of memory on a batch of {len(batch)}x{max(lengths_of(batch))} tokens at budget {budget}; "
-                    f"budget {halved} saved in {writer.adapt_path()}, re-run to resume") from e
-            forward_s += time.monotonic() - t0
-            pos = 0
-            for s, n in zip(batch, lengths):
-                ids, mask = tokens.row(s.row)
-                items.append({"id": s.id, "input_ids": _ints(ids), "loss_mask": _bytes(mask),
-                              "tensors": {k: v[pos:pos + n] for k, v in feats.items()}})
-                pos += n
-            seen += 1
-            if seen > 1 or n_batches == 1:
-                rate_tokens, rate_s = rate_tokens + pos, rate_s + time.monotonic() - t0
-            if not estimated and (rate_tokens >= min(budget, real) or seen == n_batches) and rate_tokens:
-                estimated = True
-                summary["estimate"] = _estimate(cfg, real, len(todo), bpt, rate_tokens / max(rate_s, 1e-9))
-            progress.update(len(batch), pos)
-            st.kill_point("extract:batch")
-        if slow:
-            time.sleep(slow)
-        entry = writer.write_shard(items, shard_name)
-        summary["shards_written"] += 1
-        summary["samples_extracted"] += entry["samples"]
-        summary["tokens"] += entry["tokens"]
-    if plan:
+    entries = []
+
+    def write(shards: list[tuple[list[dict], ShardPlan]]) -> None:  # on the writer thread
+        for items, shard in shards:
+            if slow:
+                time.sleep(slow)
+            entries.append(writer.write_shard(items, shard.name, batch_sizes=shard.batch_sizes,
+                                              batch_offset=shard.batch_offset))
+
+    # The shards of a batch are written while the next batches run. One batch's shards wait at most, so the
+    # states waiting to be written stay within about two batches or shards, whichever is larger; leaving the
+    # block (an error or SIGTERM too) writes what is finished first.
+    with BackgroundWriter(write, depth=1, name="extract-writer") as shard_writer:
+        for plan in plans:
+            keep = {s.id for sh in plan.shards for s in sh.samples}  # the others only rebuild a batch
+            shards, pending = collections.deque(plan.shards), []
+            # a served engine keeps requests in flight across batches, within two budgets' worth of tokens
+            results = cap.forward_batches((([tokens.row(s.row)[0] for s in b], [s.id for s in b])
+                                           for b in plan.batches), 2 * budget)
+            for batch in plan.batches:
+                t0 = time.monotonic()
+                try:
+                    aux, last, lengths = next(results)
+                    feats = codec.encode(cfg.storage_option, aux, last, lm_head=cap.lm_head)
+                except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+                    if not is_oom(e):
+                        raise
+                    halved = halved_budget(budget, longest, "merge with a smaller --max-seq-len, or extract with "
+                                           "--engine vllm or sglang and tensor parallelism (docs/extract.md)")
+                    _persist_halved_budget(writer.adapt_path(), halved, budget, batch, e, cfg.token_budget, here)
+                    raise GpuOutOfMemory(
+                        f"out of memory on a batch of {len(batch)}x{max(lengths_of(batch))} tokens at budget "
+                        f"{budget}; budget {halved} saved in {writer.adapt_path()}, re-run to resume") from e
+                forward_s += time.monotonic() - t0
+                new = _items(batch, lengths, feats, keep, tokens)
+                pending += new
+                if finished := _finished(pending, shards):
+                    shard_writer.put(finished)
+                pos = sum(lengths)
+                seen += 1
+                if seen > 1 or n_batches == 1:
+                    rate_tokens, rate_s = rate_tokens + pos, rate_s + time.monotonic() - t0
+                if not estimated and (rate_tokens >= min(budget, real) or seen == n_batches) and rate_tokens:
+                    estimated = True
+                    summary["estimate"] = _estimate(cfg, to_store, len(todo) + repaired, bpt,
+                                                    rate_tokens / max(rate_s, 1e-9))
+                progress.update(len(new), sum(len(i["input_ids"]) for i in new))
+                st.kill_point("extract:batch")
+            assert not shards and not pending, "a plan's batches hold every sample of its shards"
+    summary["shards_written"] = len(entries)
+    summary["samples_extracted"] = sum(e["samples"] for e in entries)
+    summary["tokens"] = sum(e["tokens"] for e in entries)
+    if batches:
         progress.finish()
     else:
         log.info("extract %s: nothing to do, all %d samples are stored", task, len(mine))
@@ -256,6 +317,32 @@ def _extract_with(cfg: ExtractConfig, device: str, cap, engine: dict, start: flo
 
     rates.record(cfg.out, engine["name"], cfg.model, task, summary["tokens"], forward_s)
     return summary
+
+
+def _items(batch: list[Sample], lengths: list[int], feats: dict, keep: set[str], tokens: MergedTokens) -> list[dict]:
+    """What the store writer takes of a forwarded batch: the samples ``keep`` names (the others were stored
+    already and only rebuilt the batch), each with its rows of the encoded features."""
+    items, pos = [], 0
+    for s, n in zip(batch, lengths):
+        if s.id in keep:
+            ids, mask = tokens.row(s.row)
+            items.append({"id": s.id, "input_ids": _ints(ids), "loss_mask": _bytes(mask),
+                          "tensors": {k: v[pos:pos + n] for k, v in feats.items()}})
+        pos += n
+    return items
+
+
+def _finished(pending: list[dict], shards: collections.deque) -> list[tuple[list[dict], ShardPlan]]:
+    """Take each shard whose samples are all done off the front of ``shards`` and ``pending`` (both in plan
+    order), with its samples."""
+    out = []
+    while shards and len(pending) >= len(shards[0].samples):
+        shard = shards.popleft()
+        items = pending[:len(shard.samples)]
+        del pending[:len(shard.samples)]
+        assert [i["id"] for i in items] == [s.id for s in shard.samples], shard.name
+        out.append((items, shard))
+    return out
 
 
 def lengths_of(batch: list[Sample]) -> list[int]:

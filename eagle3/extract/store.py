@@ -7,8 +7,8 @@ Layout (docs/CONTRACTS.md "Hidden-state store")::
                                         bytes/token, the compute precision and engine of the run that created it
                                         (a writer whose engine quantization differs is refused)
         shard-<task>-<seq>.safetensors  packed samples (no padding), written atomically
-        index-<task>.json               {shard: {sha256, samples, tokens, sample_ids, sample_tokens, precision,
-                                                 engine}}
+        index-<task>.json               {shard: {sha256, bytes, samples, tokens, sample_ids, sample_tokens,
+                                                 precision, engine, batch_sizes, batch_offset}}
         adapt-<task>.json               (only after an OOM) the token budget the next run uses
 
 Shard tensors: ``input_ids`` int32 [T], ``loss_mask`` uint8 [T], ``offsets``
@@ -141,8 +141,9 @@ class StoreWriter:
     def drop_bad_shards_of_others(self, sample_ids) -> dict[str, str]:
         """Verify the shards of the OTHER indexes of this store (other tasks, another --shard count, online
         write-back) that hold one of ``sample_ids``, and drop from its index each whose file is missing or fails
-        its sha256: its samples then count as not extracted, so the tasks they belong to extract them again
-        (``done_ids`` trusts every index, and only an index's own task repairs its shards in place).
+        its sha256 (on S3 its size: :func:`corrupted_shards` ``by_size``): its samples then count as not
+        extracted, so the tasks they belong to extract them again (``done_ids`` trusts every index, and only an
+        index's own task repairs its shards in place).
         Returns {shard: what was wrong}.
 
         Tasks of one store run at once, so: a shard is dropped only when it is bad twice, the second time just
@@ -155,10 +156,10 @@ class StoreWriter:
                 continue
             path = st.join(self.uri, name)
             mine = {k: e for k, e in st.read_json(path).items() if not wanted.isdisjoint(e["sample_ids"])}
-            if not (bad := corrupted_shards(self.uri, mine, use_marks=True)):
+            if not (bad := corrupted_shards(self.uri, mine, use_marks=True, by_size=True)):
                 continue
             now = st.read_json(path)
-            bad = corrupted_shards(self.uri, now, [k for k in bad if now.get(k) == mine[k]])
+            bad = corrupted_shards(self.uri, now, [k for k in bad if now.get(k) == mine[k]], by_size=True)
             if bad:
                 st.write_json(path, {k: e for k, e in now.items() if k not in bad})
                 log.warning("extract: dropped %d corrupted shard(s) from %s (%s); their samples count as not "
@@ -170,13 +171,16 @@ class StoreWriter:
     def adapt_path(self) -> str:
         return st.join(self.uri, adapt_name(self.task))
 
-    def write_shard(self, samples: list[dict], shard_name: str | None = None) -> dict:
+    def write_shard(self, samples: list[dict], shard_name: str | None = None, *,
+                    batch_sizes: tuple[int, ...] | None = None, batch_offset: int = 0) -> dict:
         """Write one shard atomically, then record it in the task index.
 
         samples: dicts with ``id``, ``input_ids``, ``loss_mask`` (1-D tensors of
         length T_i) and ``tensors`` (per-token tensors [T_i, ...] from
         :func:`eagle3.extract.codec.encode`). ``shard_name``: rewrite that shard (a repair) instead of
-        adding the next one. Returns the index entry.
+        adding the next one. ``batch_sizes``, ``batch_offset``: the batches of the extraction plan that held
+        these samples (eagle3.extract.plan.ShardPlan), recorded so that a resume or a repair forwards them
+        in the same batches. Returns the index entry.
         """
         import torch
 
@@ -196,10 +200,13 @@ class StoreWriter:
         ids = [s["id"] for s in samples]
         meta = {"sample_ids": json.dumps(ids), "storage_option": self.storage_option, "format": FORMAT}
         name = shard_name or new_shard_name(self.task, self.next_seq())
-        digest = _atomic_save(self.uri, name, lambda p: save_safetensors(tensors, p, meta))
-        entry = {"sha256": digest, "samples": len(ids), "tokens": int(offsets[-1]),
+        digest, size = _atomic_save(self.uri, name, lambda p: save_safetensors(tensors, p, meta))
+        # bytes: an S3 shard is checked by its size (one HEAD), not downloaded and hashed (corrupted_shards)
+        entry = {"sha256": digest, "bytes": size, "samples": len(ids), "tokens": int(offsets[-1]),
                  "sample_ids": ids, "sample_tokens": lengths,
                  "precision": (self.info["precision"] or {}).get("name"), "engine": self.info["engine"]}
+        if batch_sizes is not None:
+            entry.update(batch_sizes=list(batch_sizes), batch_offset=int(batch_offset))
         self.index()[name] = entry
         st.write_json(st.join(self.uri, index_name(self.task)), self.index())
         return entry
@@ -242,11 +249,11 @@ def save_safetensors(tensors: dict, path: str, metadata: dict[str, str]) -> None
                 f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
-def _atomic_save(dir_uri: str, name: str, save) -> str:
-    """Run ``save(local_path)`` and publish the file at dir_uri/name atomically; return its sha256."""
+def _atomic_save(dir_uri: str, name: str, save) -> tuple[str, int]:
+    """Run ``save(local_path)`` and publish the file at dir_uri/name atomically; return its sha256 and size."""
     with st.atomic_file(st.join(dir_uri, name)) as tmp:
         save(str(tmp))
-        return st.sha256_file(tmp)
+        return st.sha256_file(tmp), os.path.getsize(tmp)
 
 
 class HiddenStateStore:
@@ -372,37 +379,81 @@ REPAIR = ("re-run `eagle3 extract` with the same --merged/--out (without --shard
 VERIFY_ENV = "EAGLE3_VERIFY"
 
 
-def corrupted_shards(uri: str, entries: dict, names=None, *, use_marks: bool = False) -> dict[str, str]:
+PROGRESS_EVERY_S = 10.0  # between the lines of a long check
+
+
+def corrupted_shards(uri: str, entries: dict, names=None, *, use_marks: bool = False,
+                     by_size: bool = False) -> dict[str, str]:
     """{shard: what is wrong} for the shards ``names`` (default: all of ``entries``, {shard: index entry})
-    whose file is missing or whose sha256 differs from its entry."""
-    marks = VerifiedMarks(uri) if use_marks and os.environ.get(VERIFY_ENV) != "always" else None
-    todo, bad = [], {}
-    for shard in sorted(entries if names is None else names):
-        f = st.join(uri, shard)
+    whose file is missing or whose sha256 differs from its entry.
+
+    ``use_marks``: a shard this machine verified unchanged is not hashed again (:class:`VerifiedMarks`).
+    ``by_size`` (extract's own checks): on S3, a shard whose entry records its size is checked by one HEAD,
+    that the object is there with that size, and is not downloaded. S3 guards an object's bytes itself
+    (uploads are checksummed, stored copies scrubbed); what a HEAD cannot see, an object overwritten with
+    other bytes of the same size, only a full check can (:meth:`HiddenStateStore.verify`). Downloading a
+    task's whole output to hash it cost every extract (re)start up to a terabyte of traffic and of local
+    disk, kept in the cache. ``$EAGLE3_VERIFY=always`` turns both shortcuts off."""
+    always = os.environ.get(VERIFY_ENV) == "always"
+    marks = VerifiedMarks(uri) if use_marks and not always else None
+    by_size = by_size and st.is_s3(uri) and not always
+    shards = sorted(entries if names is None else names)
+
+    def check(shard: str) -> tuple[str | None, str | None, str | None]:
+        """(what is wrong or None, the local file hashed, its sha256)."""
+        f, entry = st.join(uri, shard), entries[shard]
+        if by_size and entry.get("bytes") is not None:
+            size = st.file_size(f)
+            if size is None:
+                return "missing (listed in an index)", None, None
+            wrong = None if size == entry["bytes"] else f"{size} bytes, not the {entry['bytes']} of the index"
+            return wrong, None, None
         if not st.exists(f):
-            bad[shard] = "missing (listed in an index)"
-            continue
+            return "missing (listed in an index)", None, None
         path = st.local_path(f)
-        if marks is None or not marks.holds(shard, path, entries[shard]["sha256"]):
-            todo.append((shard, path))
-    for (shard, path), digest in zip(todo, _hash_files([p for _, p in todo])):
-        if problem := st.sha256_problem(path, entries[shard]["sha256"], "the index", digest=digest):
+        if marks is not None and marks.holds(shard, path, entry["sha256"]):
+            return None, None, None
+        digest = st.sha256_file(path)
+        return st.sha256_problem(path, entry["sha256"], "the index", digest=digest), path, digest
+
+    bad = {}
+    # HEADs wait on the network, hashing on the disk and a core per file
+    threads = 16 if by_size else min(4, os.cpu_count() or 1)
+    for shard, (problem, path, digest) in zip(shards, _in_threads(check, shards, threads, uri)):
+        if problem:
             bad[shard] = problem
-        elif marks is not None:
+        elif digest is not None and marks is not None:
             marks.add(shard, path, digest)
     if marks is not None:
         marks.save()
     return bad
 
 
-def _hash_files(paths: list[str]) -> list[str]:
-    """sha256 of each file, a few at a time (hashlib releases the GIL, so threads overlap reads and hashing)."""
-    if len(paths) <= 1:
-        return [st.sha256_file(p) for p in paths]
+def _in_threads(fn, items: list, threads: int, what: str = "") -> list:
+    """``fn`` of each item, in order, a few at a time (hashlib and boto3 release the GIL), logging how far it is
+    with an ETA every PROGRESS_EVERY_S (a store's first check hashes it all: minutes per terabyte)."""
+    if len(items) <= 1:
+        return [fn(i) for i in items]
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1, len(paths))) as pool:
-        return list(pool.map(st.sha256_file, paths))
+    from eagle3.progress import fmt_duration
+
+    out, t0 = [], time.monotonic()
+    last = t0
+    with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:
+        for result in pool.map(fn, items):
+            out.append(result)
+            now = time.monotonic()
+            if now - last >= PROGRESS_EVERY_S and len(out) < len(items):
+                last = now
+                log.info("%s: %d/%d shards checked, elapsed %s, ETA %s", what, len(out), len(items),
+                         fmt_duration(now - t0), fmt_duration((len(items) - len(out)) * (now - t0) / len(out)))
+    return out
+
+
+def _hash_files(paths: list[str]) -> list[str]:
+    """sha256 of each file, a few at a time (hashlib releases the GIL, so threads overlap reads and hashing)."""
+    return _in_threads(st.sha256_file, paths, min(4, os.cpu_count() or 1), "sha256")
 
 
 class VerifiedMarks:

@@ -142,4 +142,5 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, {"text": f"out-{sum(ids) % 97}", "output_ids": list(range(n)), "meta_info": meta})
 
 
+ThreadingHTTPServer.request_queue_size = 1024  # a real server's backlog: extraction sends many requests at once
 ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()

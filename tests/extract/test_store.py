@@ -270,3 +270,21 @@ def test_a_store_json_written_before_the_rename_opens_and_is_rewritten_by_the_ne
     assert again.uri == w.uri and json.load(open(path)) == new
     again.write_shard(_samples("fp8", [4], seed=1))
     assert len(HiddenStateStore(w.uri)) == 3
+
+
+def test_a_long_check_says_how_far_it_is(tmp_path, monkeypatch, caplog):
+    """Hashing a store's shards (a terabyte: minutes) logs the shards checked and an ETA as it goes."""
+    import logging
+
+    from eagle3.extract import store as store_module
+
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(store_module, "PROGRESS_EVERY_S", 0.0, raising=False)  # a line after every shard
+    w = _writer(tmp_path / "s")
+    entries = [w.write_shard(_samples("bf16", [3], seed=seed)) for seed in range(4)]
+    with caplog.at_level(logging.INFO, logger="eagle3.extract.store"):
+        HiddenStateStore(w.uri).check()
+    lines = [r.getMessage() for r in caplog.records if "shards checked, elapsed" in r.getMessage()]
+    assert lines and lines[0].startswith(f"{w.uri}: 1/4 shards checked, elapsed ") and ", ETA " in lines[0]
+    for seq, entry in enumerate(entries):  # each entry records its shard's size (S3 checks that instead)
+        assert entry["bytes"] == os.path.getsize(os.path.join(w.uri, f"shard-0of1-{seq:05d}.safetensors"))

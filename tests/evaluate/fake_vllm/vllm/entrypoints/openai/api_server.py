@@ -153,4 +153,5 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps(body).encode())
 
 
+ThreadingHTTPServer.request_queue_size = 1024  # a real server's backlog: extraction sends many requests at once
 ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
