@@ -12,7 +12,7 @@ import pytest
 
 from eagle3.errors import InputError
 from eagle3.serving.process import ManagedServer, ServerFailed, ServerPhases, ServerStopped, free_port, http_request
-from tests.evaluate.server_processes import alive
+from tests.evaluate.server_processes import alive, wait_dead
 
 
 class Fake(ManagedServer):
@@ -127,15 +127,6 @@ def test_free_port_is_bindable():
     assert 1024 <= port < 65536
 
 
-def _wait_gone(pid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_server_dies_with_the_process_that_started_it(tmp_path):
     """The server is in a session of its own (so that stop() reaches its workers): a stage SIGKILLed before
     stop() (the OOM killer, Airflow's escalation) used to leave it serving, holding the GPU a retry needs. Now the
@@ -162,7 +153,7 @@ def test_a_server_dies_with_the_process_that_started_it(tmp_path):
         assert alive(leader)
         os.kill(starter.pid, signal.SIGKILL)
         starter.wait()
-        assert _wait_gone(leader, 10), "the server outlived the process that started it"
+        assert wait_dead(leader, 10), "the server outlived the process that started it"
     finally:
         if starter.poll() is None:
             starter.kill()

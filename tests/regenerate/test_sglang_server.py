@@ -13,30 +13,9 @@ from regen_helpers import HERE, free_port
 from eagle3.errors import InputError
 from eagle3.serving import ServerFailed
 from eagle3.serving.sglang import SGLangServer, eagle3_speculative
+from tests.evaluate.server_processes import alive, wait_dead
 
 FAKE_PATH = str(HERE / "fake_sglang")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); its state in /proc says it is dead.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_dead(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def fake(tmp_path, model="/models/m", health="200", **kw) -> SGLangServer:
