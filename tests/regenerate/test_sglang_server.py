@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import time
 
 import pytest
 from regen_helpers import HERE, free_port
